@@ -1,0 +1,1 @@
+"""Framework adapters; see the adapter modules."""

@@ -1,0 +1,29 @@
+"""The attention math, written once with ``keras.ops``.
+
+Shapes: scores are ``(batch, ..., queries, keys)``; masks are bool with True = may
+attend; valid lengths are ``(batch,)`` or ``(batch, queries)``.
+"""
+
+from .attention import scaled_dot_product_attention, score_attention
+from .heads import HEAD_LAYOUTS, merge_heads, split_heads
+from .masking import causal_mask, combine_masks, masked_softmax, valid_lens_to_mask
+from .positional import PE_LAYOUTS, sinusoidal_encoding
+from .scoring import additive_scores, dot_scores, general_scores, scaled_dot_scores
+
+__all__ = [
+    "HEAD_LAYOUTS",
+    "PE_LAYOUTS",
+    "additive_scores",
+    "causal_mask",
+    "combine_masks",
+    "dot_scores",
+    "general_scores",
+    "masked_softmax",
+    "merge_heads",
+    "scaled_dot_product_attention",
+    "scaled_dot_scores",
+    "score_attention",
+    "sinusoidal_encoding",
+    "split_heads",
+    "valid_lens_to_mask",
+]

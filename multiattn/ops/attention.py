@@ -1,0 +1,291 @@
+"""Scaled dot-product attention and attention over precomputed scores.
+
+One internal routine, :func:`attend`, computes attention on ``(batch, seq, heads, dim)``
+arrays; the public functions and the layers all reach it, so there is a single
+implementation of the math with two execution paths:
+
+* the fused path (``keras.ops.dot_product_attention``) when neither the weights nor
+  dropout are needed and the value width equals the key width;
+* the explicit path (scores, :func:`~multiattn.ops.masking.softmax_where`, weighted sum)
+  otherwise.
+
+Both give the same result, fully masked rows included: such rows are all-zero weights
+and a zero output.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .._checks import (
+    HALF_DTYPES,
+    as_array,
+    check_float,
+    check_rank,
+    check_rate,
+    check_scale,
+    dims_match,
+    fmt_shape,
+    shape_of,
+)
+from .._namespace import get_ops
+from .masking import combine_masks, softmax_where
+
+__all__ = ["attend", "score_attention", "scaled_dot_product_attention"]
+
+
+def _apply_dropout(ops: Any, weights: Any, dropout: float, training: bool, seed: Any) -> Any:
+    if dropout > 0.0 and training:
+        return ops.dropout(weights, dropout, seed)
+    return weights
+
+
+def attend(
+    ops: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    *,
+    keep: Any = None,
+    scale: float,
+    dropout: float = 0.0,
+    training: bool = False,
+    seed: Any = None,
+    return_weights: bool = False,
+) -> Any:
+    """Attention on validated ``(batch, seq, heads, dim)`` arrays (internal).
+
+    Args:
+        query: ``(B, Tq, H, D)``; key: ``(B, Tk, H, D)``; value: ``(B, Tk, H, Dv)``.
+        keep: bool mask broadcastable to ``(B, H, Tq, Tk)`` (True = may attend) or None.
+        scale: multiplier of the dot products.
+
+    Returns:
+        ``(B, Tq, H, Dv)``, and the weights ``(B, H, Tq, Tk)`` when ``return_weights``.
+        Half-precision inputs are computed in float32; results are cast back.
+    """
+    dtype = ops.dtype_name(query)
+    if dtype in HALF_DTYPES:
+        query, key, value = (ops.cast(t, "float32") for t in (query, key, value))
+    use_dropout = dropout > 0.0 and bool(training)
+    fused = (
+        not return_weights
+        and not use_dropout
+        and hasattr(ops, "fused_attention")
+        and shape_of(key)[-1] is not None
+        and shape_of(key)[-1] == shape_of(value)[-1]
+    )
+    weights = None
+    if fused:
+        if keep is None:
+            out = ops.fused_attention(query, key, value, None, scale)
+        else:
+            row_any = ops.any(keep, axis=-1, keepdims=True)  # (B|1, H|1, Tq, 1)
+            # Rows with nothing to attend attend everywhere inside the kernel (finite
+            # values, finite gradients) and are zeroed afterwards.
+            out = ops.fused_attention(
+                query, key, value, ops.logical_or(keep, ops.logical_not(row_any)), scale
+            )
+            out = ops.where(ops.transpose(row_any, (0, 2, 1, 3)), out, 0.0)
+    else:
+        scores = ops.einsum("bqhd,bkhd->bhqk", query, key) * scale
+        weights = softmax_where(ops, scores, keep)
+        mixed = _apply_dropout(ops, weights, dropout, training, seed)
+        out = ops.einsum("bhqk,bkhd->bqhd", mixed, value)
+    if dtype in HALF_DTYPES:
+        out = ops.cast(out, dtype)
+        weights = None if weights is None else ops.cast(weights, dtype)
+    return (out, weights) if return_weights else out
+
+
+def _check_qkv(
+    where: str, ops: Any, query: Any, key: Any, value: Any
+) -> tuple[tuple, tuple, tuple]:
+    dtypes = [
+        check_float(where, n, t, ops) for n, t in (("query", query), ("key", key), ("value", value))
+    ]
+    if len(set(dtypes)) != 1:
+        raise TypeError(
+            f"{where}: `query`, `key` and `value` must share a dtype; received "
+            f"{dtypes[0]}, {dtypes[1]} and {dtypes[2]}."
+        )
+    qs, ks, vs = shape_of(query), shape_of(key), shape_of(value)
+    for name, s in (("query", qs), ("key", ks), ("value", vs)):
+        check_rank(where, name, s, 2)
+    if not len(qs) == len(ks) == len(vs):
+        raise ValueError(
+            f"{where}: `query`, `key` and `value` must have the same rank; received shapes "
+            f"{fmt_shape(qs)}, {fmt_shape(ks)} and {fmt_shape(vs)}."
+        )
+    if not dims_match(qs[-1], ks[-1]):
+        raise ValueError(
+            f"{where}: `query` and `key` must have the same last dimension; received "
+            f"query {fmt_shape(qs)} and key {fmt_shape(ks)}."
+        )
+    if not dims_match(ks[-2], vs[-2]):
+        raise ValueError(
+            f"{where}: `key` and `value` must have the same number of positions (axis -2); "
+            f"received key {fmt_shape(ks)} and value {fmt_shape(vs)}."
+        )
+    for i, dims in enumerate(zip(qs[:-2], ks[:-2], vs[:-2])):
+        known = {d for d in dims if d is not None}
+        if len(known) > 1:
+            raise ValueError(
+                f"{where}: leading axis {i} differs between query {fmt_shape(qs)}, key "
+                f"{fmt_shape(ks)} and value {fmt_shape(vs)}."
+            )
+    return qs, ks, vs
+
+
+def _to_flat_heads(ops: Any, x: Any, shape: tuple) -> Any:
+    """``(..., T, d)`` -> ``(L, T, 1, d)`` with ``L`` the product of the leading axes."""
+    if len(shape) == 2:
+        return ops.expand_dims(ops.expand_dims(x, 0), 2)
+    if len(shape) > 3:
+        dyn = ops.shape(x)
+        x = ops.reshape(x, (-1, dyn[-2], dyn[-1]))
+    return ops.expand_dims(x, 2)
+
+
+def _keep_to_flat(ops: Any, keep: Any, lead: tuple, q: int | None, k: int | None) -> Any:
+    """Mask broadcastable to ``(*lead, Tq, Tk)`` -> broadcastable to ``(L, 1, Tq, Tk)``."""
+    ks = shape_of(keep)
+    klead = ks[:-2]
+    if all(d == 1 for d in klead):
+        return ops.reshape(keep, (1, 1, ks[-2], ks[-1]))
+    full = tuple(d if d is not None else -1 for d in lead)
+    keep = ops.broadcast_to(keep, (*full, ks[-2], ks[-1]))
+    return ops.reshape(keep, (-1, 1, ks[-2], ks[-1]))
+
+
+def scaled_dot_product_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    *,
+    mask: Any = None,
+    valid_lens: Any = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout: float = 0.0,
+    training: bool = False,
+    seed: Any = None,
+    return_weights: bool = False,
+) -> Any:
+    """Scaled dot-product attention ``softmax(scale * q k^T) v`` with masking.
+
+    Args:
+        query: ``(..., queries, d)``, floating.
+        key: ``(..., keys, d)``, same dtype and rank as ``query``.
+        value: ``(..., keys, d_v)``; ``d_v`` may differ from ``d``.
+        mask: bool (True = may attend) or integer (non-zero = may attend), broadcastable
+            to the scores ``(..., queries, keys)``.
+        valid_lens: ``(batch,)`` or ``(batch, queries)`` lengths; keys at positions
+            ``>= length`` are masked. ``batch`` is the first axis.
+        causal: mask future keys, aligned bottom-right (query ``i`` sees keys
+            ``j <= i + keys - queries``), so the last query always sees every key.
+        scale: multiplier of the dot products, default ``1/sqrt(d)``.
+        dropout: drop probability applied to the weights when ``training`` is True.
+        training: whether dropout is active.
+        seed: int or ``keras.random.SeedGenerator`` for dropout.
+        return_weights: also return the attention weights.
+
+    Returns:
+        Output ``(..., queries, d_v)`` in the inputs' dtype, and with ``return_weights``
+        the weights ``(..., queries, keys)``. A query with no key to attend gets zero
+        weights and a zero output row. float16/bfloat16 inputs are computed in float32
+        and the results cast back.
+    """
+    where = "scaled_dot_product_attention"
+    ops = get_ops(query, key, value, mask, valid_lens)
+    query, key, value = as_array(query), as_array(key), as_array(value)
+    qs, ks, vs = _check_qkv(where, ops, query, key, value)
+    scale = check_scale(where, scale)
+    dropout = check_rate(where, "dropout", dropout)
+    lead = tuple(
+        next((d for d in dims if d is not None), None) for dims in zip(qs[:-2], ks[:-2], vs[:-2])
+    )
+    if scale is None:
+        if qs[-1] is None:
+            raise ValueError(
+                f"{where}: the query width must be static to derive the default scale."
+            )
+        scale = 1.0 / math.sqrt(qs[-1])
+    keep = combine_masks(
+        (*lead, qs[-2], ks[-2]), mask=mask, valid_lens=valid_lens, causal=causal, where=where
+    )
+    if keep is not None:
+        keep = _keep_to_flat(ops, keep, lead, qs[-2], ks[-2])
+    result = attend(
+        ops,
+        _to_flat_heads(ops, query, qs),
+        _to_flat_heads(ops, key, ks),
+        _to_flat_heads(ops, value, vs),
+        keep=keep,
+        scale=scale,
+        dropout=dropout,
+        training=training,
+        seed=seed,
+        return_weights=return_weights,
+    )
+    out, weights = result if return_weights else (result, None)
+    out_shape = ops.shape(query)[:-1] + (ops.shape(value)[-1],)
+    out = ops.reshape(out, out_shape)
+    if not return_weights:
+        return out
+    weights = ops.reshape(weights, ops.shape(query)[:-1] + (ops.shape(key)[-2],))
+    return out, weights
+
+
+def score_attention(
+    scores: Any,
+    value: Any,
+    *,
+    mask: Any = None,
+    valid_lens: Any = None,
+    dropout: float = 0.0,
+    training: bool = False,
+    seed: Any = None,
+    return_weights: bool = False,
+) -> Any:
+    """Attention from precomputed scores: ``masked_softmax(scores) @ value``.
+
+    Use with :func:`~multiattn.ops.additive_scores` or
+    :func:`~multiattn.ops.general_scores`.
+
+    Args:
+        scores: ``(..., queries, keys)``, floating.
+        value: ``(..., keys, d_v)``, same dtype and rank as ``scores``.
+        mask, valid_lens: as in :func:`scaled_dot_product_attention`.
+        dropout, training, seed: dropout on the weights, only when ``training``.
+        return_weights: also return the weights ``(..., queries, keys)``.
+
+    Returns:
+        ``(..., queries, d_v)`` (and the weights). Fully masked rows give zeros.
+    """
+    where = "score_attention"
+    ops = get_ops(scores, value, mask, valid_lens)
+    scores, value = as_array(scores), as_array(value)
+    sdt = check_float(where, "scores", scores, ops)
+    vdt = check_float(where, "value", value, ops)
+    if sdt != vdt:
+        raise TypeError(
+            f"{where}: `scores` and `value` must share a dtype; received {sdt} and {vdt}."
+        )
+    ss, vs = shape_of(scores), shape_of(value)
+    check_rank(where, "scores", ss, 2)
+    if len(vs) != len(ss) or not dims_match(ss[-1], vs[-2]):
+        raise ValueError(
+            f"{where}: `value` must have shape (..., {ss[-1]}, d_v) with the rank of `scores` "
+            f"{fmt_shape(ss)}; received {fmt_shape(vs)}."
+        )
+    dropout = check_rate(where, "dropout", dropout)
+    keep = combine_masks(ss, mask=mask, valid_lens=valid_lens, where=where)
+    weights = softmax_where(ops, scores, keep)
+    mixed = _apply_dropout(ops, weights, dropout, training, seed)
+    if sdt in HALF_DTYPES:
+        out = ops.cast(ops.matmul(ops.cast(mixed, "float32"), ops.cast(value, "float32")), sdt)
+    else:
+        out = ops.matmul(mixed, value)
+    return (out, weights) if return_weights else out

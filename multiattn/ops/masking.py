@@ -1,0 +1,256 @@
+"""Masks and the masked softmax.
+
+Polarity everywhere in multiattn: ``True`` (or a non-zero integer) means *may attend*.
+Masks combine with AND. A row in which nothing may be attended ("fully masked") gets
+all-zero weights, in every dtype, in the forward pass and in gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._checks import (
+    HALF_DTYPES,
+    as_array,
+    broadcast_shape,
+    check_float,
+    check_rank,
+    fmt_shape,
+    shape_of,
+)
+from .._checks import concrete as _concrete
+from .._namespace import get_ops
+
+__all__ = ["causal_mask", "combine_masks", "masked_softmax", "valid_lens_to_mask"]
+
+_INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def causal_mask(query_len: int, key_len: int | None = None) -> Any:
+    """Boolean causal mask of shape ``(query_len, key_len)``, True = may attend.
+
+    Aligned bottom-right: query ``i`` may attend key ``j`` iff
+    ``j <= i + (key_len - query_len)``. With equal lengths this is the usual lower
+    triangle; with fewer queries than keys (decoding with a cache) the last query sees
+    every key. With more queries than keys, the first ``query_len - key_len`` rows are
+    fully masked (they give zero weights).
+
+    Args:
+        query_len: number of queries (positive int).
+        key_len: number of keys; defaults to ``query_len``.
+    """
+    key_len = query_len if key_len is None else key_len
+    for name, value in (("query_len", query_len), ("key_len", key_len)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(
+                f"causal_mask: `{name}` must be a positive integer; received {value!r}."
+            )
+    ops = get_ops()
+    rows = ops.expand_dims(ops.arange(query_len, dtype="int32"), 1)
+    cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)
+    return ops.less_equal(cols, rows + (key_len - query_len))
+
+
+def valid_lens_to_mask(
+    valid_lens: Any, scores_shape: tuple[int | None, ...], *, where: str = "valid_lens_to_mask"
+) -> Any:
+    """Boolean mask (True = may attend) from valid lengths.
+
+    Args:
+        valid_lens: integer (or integral float) lengths, shape ``(batch,)``: one length per
+            batch row, repeated over every query; or ``(batch, queries)``: one per query.
+            Keys at positions ``>= length`` are masked out. Values must lie in
+            ``[0, keys]``; this is checked whenever the values are concrete (not under a
+            jit trace or a TensorFlow graph), where out-of-range values act as if clipped.
+        scores_shape: shape of the scores ``(batch, ..., queries, keys)``; axes between
+            batch and queries (heads) broadcast.
+
+    Returns:
+        A bool tensor of shape ``(batch, 1, ..., 1, keys)`` or ``(batch, 1, ..., queries, keys)``
+        that broadcasts to ``scores_shape``.
+    """
+    ops = get_ops(valid_lens)
+    valid_lens = as_array(valid_lens)
+    vshape = shape_of(valid_lens)
+    ndim = len(scores_shape)
+    if len(vshape) not in (1, 2):
+        raise ValueError(
+            f"{where}: `valid_lens` must have shape (batch,) or (batch, queries); "
+            f"received shape {fmt_shape(vshape)}."
+        )
+    min_rank = 2 if len(vshape) == 1 else 3
+    if ndim < min_rank:
+        raise ValueError(
+            f"{where}: `valid_lens` of shape {fmt_shape(vshape)} needs scores of rank >= "
+            f"{min_rank}; received scores of shape {fmt_shape(scores_shape)}."
+        )
+    expected = (scores_shape[0],) if len(vshape) == 1 else (scores_shape[0], scores_shape[-2])
+    if any(v is not None and e is not None and v != e for v, e in zip(vshape, expected)):
+        raise ValueError(
+            f"{where}: `valid_lens` must have shape {fmt_shape(expected)} "
+            f"(batch{'' if len(vshape) == 1 else ', queries'}) for scores of shape "
+            f"{fmt_shape(scores_shape)}; received shape {fmt_shape(vshape)}."
+        )
+    dtype = ops.dtype_name(valid_lens)
+    if dtype == "bool" or (dtype not in _INT_DTYPES and "float" not in dtype):
+        raise TypeError(f"{where}: `valid_lens` must hold integer lengths; received dtype {dtype}.")
+    num_keys = scores_shape[-1]
+    values = _concrete(ops, valid_lens)
+    if values is not None and values.size:
+        bad = values[(values < 0) | (values != np.floor(values))]
+        if bad.size:
+            raise ValueError(
+                f"{where}: `valid_lens` must hold non-negative whole numbers; received {bad.ravel()[0]!r}."
+            )
+        if num_keys is not None and values.max() > num_keys:
+            raise ValueError(
+                f"{where}: `valid_lens` may not exceed the number of keys ({num_keys}); "
+                f"received {values.max()!r}."
+            )
+    lens = ops.cast(valid_lens, "int32")
+    if len(vshape) == 1:
+        lens = ops.reshape(lens, (-1,) + (1,) * (ndim - 1))
+    else:
+        lens = ops.reshape(lens, (-1,) + (1,) * (ndim - 3) + (vshape[1] or -1, 1))
+        if vshape[1] is None:
+            raise ValueError(f"{where}: the query axis of `valid_lens` must have a static size.")
+    positions = ops.arange(num_keys, dtype="int32")
+    return ops.less(positions, lens)
+
+
+def _mask_to_bool(ops: Any, where: str, name: str, mask: Any) -> Any:
+    dtype = ops.dtype_name(mask)
+    if dtype == "bool":
+        return mask
+    if dtype in _INT_DTYPES:
+        return ops.not_equal(mask, 0)
+    raise TypeError(
+        f"{where}: `{name}` must be boolean (True = may attend) or integer (non-zero = may "
+        f"attend); received dtype {dtype}. Additive float masks are not accepted: convert "
+        "them to boolean first."
+    )
+
+
+def combine_masks(
+    scores_shape: tuple[int | None, ...],
+    *,
+    mask: Any = None,
+    valid_lens: Any = None,
+    causal: bool = False,
+    where: str = "combine_masks",
+) -> Any:
+    """AND of a boolean mask, valid lengths and a causal mask for scores of ``scores_shape``.
+
+    Args:
+        scores_shape: ``(batch, ..., queries, keys)``.
+        mask: bool/int, True = may attend, broadcastable to ``scores_shape``.
+        valid_lens: see :func:`valid_lens_to_mask`.
+        causal: add :func:`causal_mask` (bottom-right aligned).
+
+    Returns:
+        A bool tensor broadcastable to ``scores_shape``, or ``None`` when nothing is masked.
+    """
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"{where}: `causal` must be a bool; received {causal!r}.")
+    ops = get_ops(mask, valid_lens)
+    keep = None
+    if mask is not None:
+        mask = as_array(mask)
+        broadcast_shape(where, "mask", shape_of(mask), scores_shape)
+        keep = _mask_to_bool(ops, where, "mask", mask)
+    if valid_lens is not None:
+        lens_keep = valid_lens_to_mask(valid_lens, scores_shape, where=where)
+        keep = lens_keep if keep is None else ops.logical_and(keep, lens_keep)
+    if causal:
+        q, k = scores_shape[-2], scores_shape[-1]
+        if q is None or k is None:
+            raise ValueError(
+                f"{where}: `causal=True` needs static query and key lengths; received scores "
+                f"of shape {fmt_shape(scores_shape)}."
+            )
+        tri = causal_mask(q, k)
+        keep = tri if keep is None else ops.logical_and(keep, tri)
+    return keep
+
+
+def softmax_where(ops: Any, x: Any, keep: Any) -> Any:
+    """Softmax over the last axis restricted to ``keep`` (bool or None).
+
+    Half precision is computed in float32 and cast back. A row with nothing to keep
+    yields zeros. The shift by the row maximum is taken over kept entries only and held
+    constant for differentiation, so no NaN or Inf reaches the gradient.
+    """
+    dtype = ops.dtype_name(x)
+    if dtype in HALF_DTYPES:
+        x = ops.cast(x, "float32")
+    if keep is None:
+        weights = ops.softmax(x, axis=-1)
+    else:
+        row_max = ops.max(ops.where(keep, x, float("-inf")), axis=-1, keepdims=True)
+        row_any = ops.any(keep, axis=-1, keepdims=True)
+        row_max = ops.stop_gradient(ops.where(row_any, row_max, 0.0))
+        shifted = ops.where(keep, x - row_max, 0.0)
+        exps = ops.where(keep, ops.exp(shifted), 0.0)
+        total = ops.sum(exps, axis=-1, keepdims=True)
+        weights = exps / ops.where(total > 0, total, 1.0)
+    if dtype in HALF_DTYPES:
+        weights = ops.cast(weights, dtype)
+    return weights
+
+
+def masked_softmax(x: Any, valid_lens: Any = None, *, mask: Any = None, axis: int = -1) -> Any:
+    """Softmax of ``x`` over ``axis``, restricted to the positions that may be attended.
+
+    Args:
+        x: floating scores, typically ``(batch, queries, keys)`` or
+            ``(batch, heads, queries, keys)``.
+        valid_lens: optional lengths, ``(batch,)`` (one per batch row, repeated over the
+            queries) or ``(batch, queries)`` (one per query), as in the source documents.
+            Positions ``>= length`` along ``axis`` are masked. The query axis is the axis
+            just before ``axis`` once ``axis`` is moved last.
+        mask: optional bool (True = may attend) or integer (non-zero = may attend) tensor
+            broadcastable to ``x``. Combined with ``valid_lens`` by AND.
+        axis: the axis to normalise (the key axis).
+
+    Returns:
+        Weights with the shape and dtype of ``x``. Masked positions are exactly 0; rows
+        with no allowed position are all zeros (never NaN, never uniform). float16 and
+        bfloat16 are normalised in float32 and cast back.
+
+    Raises:
+        TypeError: non-floating ``x``, float ``mask``, non-numeric ``valid_lens``.
+        ValueError: ``axis`` out of range, ``mask`` not broadcastable, ``valid_lens`` of
+            the wrong shape, negative or longer than the axis.
+    """
+    where = "masked_softmax"
+    ops = get_ops(x, valid_lens, mask)
+    x = as_array(x)
+    check_float(where, "x", x, ops)
+    shape = shape_of(x)
+    check_rank(where, "x", shape, 1)
+    if (
+        isinstance(axis, bool)
+        or not isinstance(axis, (int, np.integer))
+        or not -len(shape) <= axis < len(shape)
+    ):
+        raise ValueError(
+            f"{where}: `axis` must be an integer in [-{len(shape)}, {len(shape)}); received {axis!r}."
+        )
+    axis = int(axis) % len(shape)
+    last = len(shape) - 1
+    if axis != last:
+        x = ops.moveaxis(x, axis, last)
+        if mask is not None:
+            mask = as_array(mask)
+            broadcast_shape(where, "mask", shape_of(mask), shape)
+            mask = ops.moveaxis(ops.broadcast_to(mask, shape), axis, last)
+        moved = shape_of(x)
+    else:
+        moved = shape
+    keep = combine_masks(moved, mask=mask, valid_lens=valid_lens, where=where)
+    weights = softmax_where(ops, x, keep)
+    if axis != last:
+        weights = ops.moveaxis(weights, last, axis)
+    return weights

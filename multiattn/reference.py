@@ -1,0 +1,419 @@
+"""Reference oracle for multiattn: plain float64 NumPy attention.
+
+This module is the ground truth that tests and fixtures compare the keras.ops core against.
+It is written plainly from the math, independently of the core, and favours clarity over
+speed. Every input is cast to float64 (masks to bool, lengths to int64) and every result is
+float64. Only NumPy (and ``math.erf``) is used.
+
+Conventions: score tensors are ``(batch, ..., queries, keys)``; boolean masks use True for
+"may attend"; a query row in which no key is allowed gets all-zero attention weights.
+"""
+
+import math
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+ORACLE_VERSION = "1"
+
+_LAYOUTS = ("contiguous", "interleaved")
+
+
+def _f64(x: ArrayLike) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def _check_layout(layout: str, allowed: tuple[str, ...] = _LAYOUTS) -> None:
+    if layout not in allowed:
+        raise ValueError(f"layout must be one of {allowed}, got {layout!r}")
+
+
+def _check_shape(name: str, arr: np.ndarray, expected: tuple[int | None, ...]) -> None:
+    """Raise ValueError unless ``arr.shape`` matches ``expected`` (None matches any size)."""
+    ok = arr.ndim == len(expected) and all(
+        e is None or e == s for e, s in zip(expected, arr.shape, strict=False)
+    )
+    if not ok:
+        want = tuple("*" if e is None else e for e in expected)
+        raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
+
+
+def _as_bool_mask(mask: ArrayLike, name: str = "mask") -> np.ndarray:
+    """Boolean mask (True = keep). Bool or 0/1 integer arrays are accepted; floats are not."""
+    m = np.asarray(mask)
+    if m.dtype == bool:
+        return m
+    if np.issubdtype(m.dtype, np.integer) and np.all((m == 0) | (m == 1)):
+        return m.astype(bool)
+    raise ValueError(f"{name} must be boolean (True = keep), got dtype {m.dtype}")
+
+
+def valid_lens_mask(valid_lens: ArrayLike, x_shape: tuple[int, ...]) -> np.ndarray:
+    """Key-length mask for scores of shape ``x_shape = (batch, ..., queries, keys)``.
+
+    ``valid_lens`` is ``(batch,)`` (one length for all queries of a batch row) or
+    ``(batch, queries)`` (one length per query). Returns a bool array broadcastable to
+    ``x_shape``, True where ``key index < valid length``; axes between batch and queries
+    (e.g. heads) have size 1 and broadcast.
+    """
+    x_shape = tuple(x_shape)
+    lens = np.asarray(valid_lens)
+    if len(x_shape) < 2:
+        raise ValueError(f"x_shape must be (batch, ..., queries, keys), got {x_shape}")
+    if not (np.issubdtype(lens.dtype, np.integer) or np.all(lens == np.round(lens))):
+        raise ValueError(f"valid_lens must hold whole numbers, got {lens!r}")
+    lens = lens.astype(np.int64)
+    batch, num_keys = x_shape[0], x_shape[-1]
+    if lens.ndim == 1:
+        _check_shape("valid_lens", lens, (batch,))
+    elif lens.ndim == 2 and len(x_shape) >= 3:
+        _check_shape("valid_lens", lens, (batch, x_shape[-2]))
+    else:
+        raise ValueError(
+            f"valid_lens must have shape (batch,) or (batch, queries) for scores of shape "
+            f"{x_shape}, got {lens.shape}"
+        )
+    if np.any(lens < 0) or np.any(lens > num_keys):
+        raise ValueError(f"valid_lens must lie in [0, {num_keys}] (keys), got {lens.tolist()}")
+    # Shape the lengths as (batch, 1, ..., 1, queries or 1, 1) and compare with key indices.
+    middle = (1,) * (len(x_shape) - 1 - lens.ndim)
+    lens = lens.reshape(lens.shape[:1] + middle + lens.shape[1:] + (1,))
+    return np.arange(num_keys) < lens
+
+
+def causal_mask(query_len: int, key_len: int) -> np.ndarray:
+    """Bottom-right aligned causal mask, bool ``(query_len, key_len)``.
+
+    Query i may attend key j iff ``j <= i + (key_len - query_len)``: lower-triangular when the
+    lengths match, and the last query sees every key. If ``key_len < query_len`` the first
+    queries see no key at all.
+    """
+    if query_len < 0 or key_len < 0:
+        raise ValueError(f"lengths must be >= 0, got query_len={query_len}, key_len={key_len}")
+    i = np.arange(query_len)[:, None]
+    j = np.arange(key_len)[None, :]
+    return j <= i + (key_len - query_len)
+
+
+def masked_softmax(
+    x: ArrayLike,
+    valid_lens: ArrayLike | None = None,
+    mask: ArrayLike | None = None,
+    axis: int = -1,
+) -> np.ndarray:
+    """Softmax of ``x`` over ``axis`` restricted to allowed positions; same shape as ``x``.
+
+    Allowed = (key < valid_lens, see :func:`valid_lens_mask`; requires ``axis`` to be the last
+    axis) AND ``mask`` (bool, True = keep, broadcastable to ``x``). Disallowed positions get
+    weight 0 and a row with nothing allowed is all zeros. The max is taken over allowed
+    entries only, so the result is numerically stable.
+    """
+    x = _f64(x)
+    axis = axis + x.ndim if axis < 0 else axis
+    if not 0 <= axis < x.ndim:
+        raise ValueError(f"axis out of range for x of shape {x.shape}, got {axis}")
+    allowed = np.ones(x.shape, dtype=bool)
+    if valid_lens is not None:
+        if axis != x.ndim - 1:
+            raise ValueError(f"valid_lens requires axis to be the last axis, got axis={axis}")
+        allowed = allowed & valid_lens_mask(valid_lens, x.shape)
+    if mask is not None:
+        m = _as_bool_mask(mask)
+        try:
+            fits = np.broadcast_shapes(m.shape, x.shape) == x.shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"mask of shape {m.shape} does not broadcast to x {x.shape}")
+        allowed = allowed & m
+    row_max = np.max(np.where(allowed, x, -np.inf), axis=axis, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    exps = np.exp(np.where(allowed, x - row_max, -np.inf))
+    total = np.sum(exps, axis=axis, keepdims=True)
+    total_b = np.broadcast_to(total, exps.shape)
+    return np.divide(exps, total_b, out=np.zeros_like(exps), where=total_b > 0)
+
+
+def dot_scores(q: ArrayLike, k: ArrayLike) -> np.ndarray:
+    """Dot-product scores ``q @ k^T``: ``(..., Tq, d) x (..., Tk, d) -> (..., Tq, Tk)``."""
+    q, k = _f64(q), _f64(k)
+    if q.ndim < 2 or k.ndim < 2 or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q (..., Tq, d) and k (..., Tk, d) must share d, got {q.shape}, {k.shape}"
+        )
+    return q @ np.swapaxes(k, -1, -2)
+
+
+def scaled_dot_scores(q: ArrayLike, k: ArrayLike, scale: float | None = None) -> np.ndarray:
+    """``dot_scores(q, k) * scale`` with default ``scale = 1/sqrt(d)``; ``(..., Tq, Tk)``."""
+    q = _f64(q)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    return dot_scores(q, k) * scale
+
+
+def additive_scores(
+    q: ArrayLike, k: ArrayLike, w_q: ArrayLike, w_k: ArrayLike, w_v: ArrayLike
+) -> np.ndarray:
+    """Bahdanau scores ``s[i, j] = w_v . tanh(q_i @ w_q + k_j @ w_k)``.
+
+    Shapes: q ``(..., Tq, dq)``, k ``(..., Tk, dk)``, w_q ``(dq, h)``, w_k ``(dk, h)``,
+    w_v ``(h,)``; result ``(..., Tq, Tk)``.
+    """
+    q, k, w_q, w_k, w_v = (_f64(a) for a in (q, k, w_q, w_k, w_v))
+    _check_shape("w_v", w_v, (None,))
+    h = w_v.shape[0]
+    _check_shape("w_q", w_q, (q.shape[-1], h))
+    _check_shape("w_k", w_k, (k.shape[-1], h))
+    qp = (q @ w_q)[..., :, None, :]  # (..., Tq, 1, h)
+    kp = (k @ w_k)[..., None, :, :]  # (..., 1, Tk, h)
+    return np.tanh(qp + kp) @ w_v
+
+
+def general_scores(q: ArrayLike, k: ArrayLike, w: ArrayLike) -> np.ndarray:
+    """Luong general (bilinear) scores ``s[i, j] = q_i @ w @ k_j``.
+
+    Shapes: q ``(..., Tq, dq)``, k ``(..., Tk, dk)``, w ``(dq, dk)``; result ``(..., Tq, Tk)``.
+    """
+    q, k, w = _f64(q), _f64(k), _f64(w)
+    _check_shape("w", w, (q.shape[-1], k.shape[-1]))
+    return q @ w @ np.swapaxes(k, -1, -2)
+
+
+def attention(
+    scores: ArrayLike,
+    value: ArrayLike,
+    valid_lens: ArrayLike | None = None,
+    mask: ArrayLike | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Weights = masked_softmax(scores); output = weights @ value.
+
+    scores ``(..., Tq, Tk)``, value ``(..., Tk, dv)``; returns output ``(..., Tq, dv)`` and
+    weights ``(..., Tq, Tk)``.
+    """
+    scores, value = _f64(scores), _f64(value)
+    if value.ndim < 2 or value.shape[-2] != scores.shape[-1]:
+        raise ValueError(f"value must be (..., {scores.shape[-1]}, dv), got {value.shape}")
+    weights = masked_softmax(scores, valid_lens=valid_lens, mask=mask)
+    return weights @ value, weights
+
+
+def scaled_dot_product_attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    mask: ArrayLike | None = None,
+    valid_lens: ArrayLike | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax(q k^T * scale) v with mask, valid_lens and causal_mask(Tq, Tk) ANDed together.
+
+    q ``(..., Tq, d)``, k ``(..., Tk, d)``, v ``(..., Tk, dv)``; returns output
+    ``(..., Tq, dv)`` and weights ``(..., Tq, Tk)``.
+    """
+    scores = scaled_dot_scores(q, k, scale)
+    if causal:
+        c = causal_mask(scores.shape[-2], scores.shape[-1])
+        mask = c if mask is None else _as_bool_mask(mask) & c
+    return attention(scores, v, valid_lens=valid_lens, mask=mask)
+
+
+def split_heads(x: ArrayLike, num_heads: int, layout: str = "contiguous") -> np.ndarray:
+    """``(batch, seq, num_heads * depth) -> (batch, num_heads, seq, depth)``.
+
+    contiguous: head h owns features ``h*depth .. (h+1)*depth - 1``.
+    interleaved: head h owns features ``h, h + num_heads, ...`` (feature ``d*num_heads + h``).
+    """
+    x = _f64(x)
+    _check_layout(layout)
+    _check_shape("x", x, (None, None, None))
+    b, t, width = x.shape
+    if num_heads < 1 or width % num_heads != 0:
+        raise ValueError(f"x width {width} is not divisible by num_heads={num_heads}")
+    depth = width // num_heads
+    if layout == "contiguous":
+        return x.reshape(b, t, num_heads, depth).transpose(0, 2, 1, 3)
+    return x.reshape(b, t, depth, num_heads).transpose(0, 3, 1, 2)
+
+
+def merge_heads(x: ArrayLike, layout: str = "contiguous") -> np.ndarray:
+    """Inverse of :func:`split_heads`: ``(batch, num_heads, seq, depth) -> (batch, seq, H*depth)``."""
+    x = _f64(x)
+    _check_layout(layout)
+    _check_shape("x", x, (None, None, None, None))
+    b, h, t, depth = x.shape
+    if layout == "contiguous":
+        return x.transpose(0, 2, 1, 3).reshape(b, t, h * depth)
+    return x.transpose(0, 2, 3, 1).reshape(b, t, depth * h)
+
+
+def sinusoidal_encoding(
+    length: int, depth: int, layout: str = "interleaved", base: float = 10000.0
+) -> np.ndarray:
+    """Sinusoidal position encoding ``(length, depth)`` with ``omega_k = base**(-2k/depth)``.
+
+    interleaved: ``P[t, 2k] = sin(t omega_k)``, ``P[t, 2k+1] = cos(t omega_k)``.
+    concatenated: the first ``ceil(depth/2)`` columns are sines, the rest cosines.
+    Odd ``depth`` is allowed (one more sine than cosine).
+    """
+    _check_layout(layout, ("interleaved", "concatenated"))
+    if length < 0 or depth < 1 or base <= 0:
+        raise ValueError(f"need length >= 0, depth >= 1, base > 0; got {length}, {depth}, {base}")
+    n_sin, n_cos = (depth + 1) // 2, depth // 2
+    t = np.arange(length, dtype=np.float64)[:, None]
+    omega = 1.0 / base ** (2.0 * np.arange(n_sin, dtype=np.float64) / depth)
+    sines, cosines = np.sin(t * omega), np.cos(t * omega[:n_cos])
+    out = np.zeros((length, depth), dtype=np.float64)
+    if layout == "interleaved":
+        out[:, 0::2], out[:, 1::2] = sines, cosines
+    else:
+        out[:, :n_sin], out[:, n_sin:] = sines, cosines
+    return out
+
+
+def multi_head_attention(
+    query: ArrayLike,
+    value: ArrayLike,
+    key: ArrayLike | None = None,
+    *,
+    weights: dict[str, Any],
+    mask: ArrayLike | None = None,
+    valid_lens: ArrayLike | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Multi-head attention; returns output ``(B, Tq, Eo)`` and weights ``(B, H, Tq, Tk)``.
+
+    query ``(B, Tq, Eq)``, value ``(B, Tk, Ev)``, key ``(B, Tk, Ek)`` (defaults to value).
+    ``weights``: "query_kernel" ``(Eq, H, D)``, "key_kernel" ``(Ek, H, D)``, "value_kernel"
+    ``(Ev, H, Dv)``, "output_kernel" ``(H, Dv, Eo)``, optional "query_bias" ``(H, D)``,
+    "key_bias" ``(H, D)``, "value_bias" ``(H, Dv)``, "output_bias" ``(Eo,)``.
+    ``mask`` must broadcast to ``(B, H, Tq, Tk)``; a 3-D ``(B, Tq, Tk)`` mask first gets a head
+    axis inserted at axis 1. ``valid_lens`` is ``(B,)`` or ``(B, Tq)``. Scale defaults to
+    ``1/sqrt(D)``. A fully masked query row has zero weights, so its output is the output bias.
+    """
+    query, value = _f64(query), _f64(value)
+    key = value if key is None else _f64(key)
+    for name in ("query_kernel", "key_kernel", "value_kernel", "output_kernel"):
+        if name not in weights:
+            raise ValueError(f"weights is missing {name!r}, got keys {sorted(weights)}")
+    wq, wk = _f64(weights["query_kernel"]), _f64(weights["key_kernel"])
+    wv, wo = _f64(weights["value_kernel"]), _f64(weights["output_kernel"])
+    _check_shape("query", query, (None, None, None))
+    b = query.shape[0]
+    _check_shape("value", value, (b, None, None))
+    _check_shape("key", key, (b, value.shape[1], None))
+    _check_shape("query_kernel", wq, (query.shape[2], None, None))
+    h, d = wq.shape[1:]
+    _check_shape("key_kernel", wk, (key.shape[2], h, d))
+    _check_shape("value_kernel", wv, (value.shape[2], h, None))
+    dv = wv.shape[2]
+    _check_shape("output_kernel", wo, (h, dv, None))
+
+    def bias(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if weights.get(name) is None:
+            return np.zeros(shape)
+        bias_value = _f64(weights[name])
+        _check_shape(name, bias_value, shape)
+        return bias_value
+
+    # Project every position into every head: (B, T, E) x (E, H, D) -> (B, H, T, D).
+    q = np.einsum("bte,ehd->bhtd", query, wq) + bias("query_bias", (h, d))[None, :, None, :]
+    k = np.einsum("bte,ehd->bhtd", key, wk) + bias("key_bias", (h, d))[None, :, None, :]
+    v = np.einsum("bte,ehd->bhtd", value, wv) + bias("value_bias", (h, dv))[None, :, None, :]
+    if mask is not None:
+        mask = _as_bool_mask(mask)
+        if mask.ndim == 3:
+            mask = mask[:, None, :, :]
+    context, attn = scaled_dot_product_attention(
+        q, k, v, mask=mask, valid_lens=valid_lens, causal=causal, scale=scale
+    )
+    out = np.einsum("bhtv,hvo->bto", context, wo) + bias("output_bias", (wo.shape[2],))
+    return out, attn
+
+
+def layer_norm(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, epsilon: float) -> np.ndarray:
+    """Layer norm over the last axis (biased variance); x ``(..., d)``, gamma/beta ``(d,)``."""
+    x, gamma, beta = _f64(x), _f64(gamma), _f64(beta)
+    _check_shape("gamma", gamma, (x.shape[-1],))
+    _check_shape("beta", beta, (x.shape[-1],))
+    mean = np.mean(x, axis=-1, keepdims=True)
+    var = np.mean((x - mean) ** 2, axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + epsilon) * gamma + beta
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def feed_forward(
+    x: ArrayLike,
+    w1: ArrayLike,
+    b1: ArrayLike,
+    w2: ArrayLike,
+    b2: ArrayLike,
+    activation: str = "relu",
+) -> np.ndarray:
+    """``act(x @ w1 + b1) @ w2 + b2``; x ``(..., d)``, w1 ``(d, f)``, b1 ``(f,)``,
+    w2 ``(f, o)``, b2 ``(o,)``. activation: "relu", "gelu" (exact, erf-based) or "linear"."""
+    x, w1, b1, w2, b2 = (_f64(a) for a in (x, w1, b1, w2, b2))
+    _check_shape("w1", w1, (x.shape[-1], None))
+    _check_shape("b1", b1, (w1.shape[1],))
+    _check_shape("w2", w2, (w1.shape[1], None))
+    _check_shape("b2", b2, (w2.shape[1],))
+    hidden = x @ w1 + b1
+    if activation == "relu":
+        hidden = np.maximum(hidden, 0.0)
+    elif activation == "gelu":
+        hidden = 0.5 * hidden * (1.0 + _erf(hidden / math.sqrt(2.0)))
+    elif activation != "linear":
+        raise ValueError(f"activation must be 'relu', 'gelu' or 'linear', got {activation!r}")
+    return hidden @ w2 + b2
+
+
+def transformer_encoder_layer(
+    x: ArrayLike,
+    *,
+    weights: dict[str, Any],
+    num_heads: int,
+    norm_first: bool = False,
+    epsilon: float = 1e-6,
+    activation: str = "relu",
+    mask: ArrayLike | None = None,
+    valid_lens: ArrayLike | None = None,
+) -> np.ndarray:
+    """One transformer encoder layer (inference, no dropout); x and output ``(B, T, d_model)``.
+
+    Post-LN: ``h = LN1(x + MHA(x)); out = LN2(h + FFN(h))``.
+    Pre-LN: ``h = x + MHA(LN1(x)); out = h + FFN(LN2(h))``.
+    ``weights``: "attention" (see :func:`multi_head_attention`), "ffn_w1" ``(d_model, dff)``,
+    "ffn_b1" ``(dff,)``, "ffn_w2" ``(dff, d_model)``, "ffn_b2" ``(d_model,)`` and
+    "norm1_gamma", "norm1_beta", "norm2_gamma", "norm2_beta" ``(d_model,)``.
+    """
+    x = _f64(x)
+    heads = np.shape(weights["attention"]["query_kernel"])[1]
+    if heads != num_heads:
+        raise ValueError(f"num_heads={num_heads} but query_kernel has {heads} heads")
+
+    def mha(inputs: np.ndarray) -> np.ndarray:
+        out, _ = multi_head_attention(
+            inputs, inputs, weights=weights["attention"], mask=mask, valid_lens=valid_lens
+        )
+        return out
+
+    def ffn(inputs: np.ndarray) -> np.ndarray:
+        w = weights
+        return feed_forward(inputs, w["ffn_w1"], w["ffn_b1"], w["ffn_w2"], w["ffn_b2"], activation)
+
+    def ln1(inputs: np.ndarray) -> np.ndarray:
+        return layer_norm(inputs, weights["norm1_gamma"], weights["norm1_beta"], epsilon)
+
+    def ln2(inputs: np.ndarray) -> np.ndarray:
+        return layer_norm(inputs, weights["norm2_gamma"], weights["norm2_beta"], epsilon)
+
+    if norm_first:
+        h = x + mha(ln1(x))
+        return h + ffn(ln2(h))
+    h = ln1(x + mha(x))
+    return ln2(h + ffn(h))
