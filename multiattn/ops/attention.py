@@ -32,7 +32,7 @@ from .._checks import (
 from .._namespace import get_ops
 from .masking import combine_masks, softmax_where
 
-__all__ = ["attend", "score_attention", "scaled_dot_product_attention"]
+__all__ = ["attend", "scaled_dot_product_attention", "score_attention"]
 
 
 def _apply_dropout(ops: Any, weights: Any, dropout: float, training: bool, seed: Any) -> Any:
@@ -230,11 +230,11 @@ def scaled_dot_product_attention(
         return_weights=return_weights,
     )
     out, weights = result if return_weights else (result, None)
-    out_shape = ops.shape(query)[:-1] + (ops.shape(value)[-1],)
+    out_shape = (*ops.shape(query)[:-1], ops.shape(value)[-1])
     out = ops.reshape(out, out_shape)
     if not return_weights:
         return out
-    weights = ops.reshape(weights, ops.shape(query)[:-1] + (ops.shape(key)[-2],))
+    weights = ops.reshape(weights, (*ops.shape(query)[:-1], ops.shape(key)[-2]))
     return out, weights
 
 
@@ -244,6 +244,7 @@ def score_attention(
     *,
     mask: Any = None,
     valid_lens: Any = None,
+    causal: bool = False,
     dropout: float = 0.0,
     training: bool = False,
     seed: Any = None,
@@ -257,7 +258,7 @@ def score_attention(
     Args:
         scores: ``(..., queries, keys)``, floating.
         value: ``(..., keys, d_v)``, same dtype and rank as ``scores``.
-        mask, valid_lens: as in :func:`scaled_dot_product_attention`.
+        mask, valid_lens, causal: as in :func:`scaled_dot_product_attention`.
         dropout, training, seed: dropout on the weights, only when ``training``.
         return_weights: also return the weights ``(..., queries, keys)``.
 
@@ -281,7 +282,7 @@ def score_attention(
             f"{fmt_shape(ss)}; received {fmt_shape(vs)}."
         )
     dropout = check_rate(where, "dropout", dropout)
-    keep = combine_masks(ss, mask=mask, valid_lens=valid_lens, where=where)
+    keep = combine_masks(ss, mask=mask, valid_lens=valid_lens, causal=causal, where=where)
     weights = softmax_where(ops, scores, keep)
     mixed = _apply_dropout(ops, weights, dropout, training, seed)
     if sdt in HALF_DTYPES:

@@ -1,0 +1,148 @@
+"""Transformer encoder layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from .._checks import check_positive_int, check_rate
+from ._base import static_width
+from .multi_head import MultiHeadAttention
+
+__all__ = ["TransformerEncoderLayer"]
+
+
+@keras.saving.register_keras_serializable(package="multiattn")
+class TransformerEncoderLayer(keras.layers.Layer):
+    """Self-attention and a position-wise feed-forward network, each with a residual
+    connection and layer normalisation.
+
+    Post-LayerNorm (default, as the TensorFlow document and the original Transformer)::
+
+        h = norm_1(x + dropout_1(attention(x)))
+        y = norm_2(h + dropout_2(ffn(h)))
+
+    Pre-LayerNorm (``norm_first=True``)::
+
+        h = x + dropout_1(attention(norm_1(x)))
+        y = h + dropout_2(ffn(norm_2(h)))
+
+    Sublayers: ``attention`` (:class:`MultiHeadAttention`, ``key_dim = d_model // num_heads``),
+    ``ffn_1`` (``Dense(dff, activation)``), ``ffn_2`` (``Dense(d_model)``), ``norm_1``,
+    ``norm_2`` (``LayerNormalization(epsilon)``), ``dropout_1``, ``dropout_2``.
+
+    Args:
+        d_model: model width; must be divisible by ``num_heads``.
+        num_heads: attention heads.
+        dff: hidden width of the feed-forward network.
+        rate: dropout rate (training only).
+        norm_first: pre-LayerNorm instead of post-LayerNorm.
+        epsilon: LayerNormalization epsilon.
+        activation: activation of the first feed-forward layer.
+        seed: int seed for the dropout layers.
+
+    Call arguments:
+        x: ``(batch, seq, d_model)``.
+        mask, valid_lens, causal: as in :class:`MultiHeadAttention` (True = may attend).
+        training: enables dropout.
+
+    Returns:
+        ``(batch, seq, d_model)``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dff: int,
+        rate: float = 0.1,
+        norm_first: bool = False,
+        epsilon: float = 1e-6,
+        activation: str = "relu",
+        seed: int | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        where = "TransformerEncoderLayer"
+        self.d_model = check_positive_int(where, "d_model", d_model)
+        self.num_heads = check_positive_int(where, "num_heads", num_heads)
+        self.dff = check_positive_int(where, "dff", dff)
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"{where}: `d_model` ({d_model}) must be divisible by `num_heads` ({num_heads})."
+            )
+        self.rate = check_rate(where, "rate", rate)
+        if not isinstance(norm_first, bool):
+            raise TypeError(f"{where}: `norm_first` must be a bool; received {norm_first!r}.")
+        self.norm_first = norm_first
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
+            raise ValueError(f"{where}: `epsilon` must be a positive float; received {epsilon!r}.")
+        self.epsilon = float(epsilon)
+        try:
+            keras.activations.get(activation)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{where}: unknown `activation` {activation!r}.") from err
+        self.activation = activation
+        self.seed = seed
+        dtype = self.dtype_policy
+        self.attention = MultiHeadAttention(
+            self.num_heads, self.d_model // self.num_heads, name="attention", dtype=dtype
+        )
+        self.ffn_1 = keras.layers.Dense(dff, activation=activation, name="ffn_1", dtype=dtype)
+        self.ffn_2 = keras.layers.Dense(d_model, name="ffn_2", dtype=dtype)
+        self.norm_1 = keras.layers.LayerNormalization(
+            epsilon=self.epsilon, name="norm_1", dtype=dtype
+        )
+        self.norm_2 = keras.layers.LayerNormalization(
+            epsilon=self.epsilon, name="norm_2", dtype=dtype
+        )
+        seed2 = None if seed is None else seed + 1
+        self.dropout_1 = keras.layers.Dropout(self.rate, seed=seed, name="dropout_1", dtype=dtype)
+        self.dropout_2 = keras.layers.Dropout(self.rate, seed=seed2, name="dropout_2", dtype=dtype)
+
+    def build(self, input_shape):
+        width = static_width("TransformerEncoderLayer", "x", input_shape)
+        if width != self.d_model:
+            raise ValueError(
+                f"TransformerEncoderLayer: `x` must have width d_model={self.d_model}; "
+                f"received shape {tuple(input_shape)}."
+            )
+        shape = tuple(input_shape)
+        self.attention.build(shape, shape)
+        self.norm_1.build(shape)
+        self.norm_2.build(shape)
+        self.ffn_1.build(shape)
+        self.ffn_2.build((*shape[:-1], self.dff))
+
+    def call(self, x, *, mask=None, valid_lens=None, causal=False, training=None):
+        def attention(h):
+            return self.attention(
+                h, h, mask=mask, valid_lens=valid_lens, causal=causal, training=training
+            )
+
+        def ffn(h):
+            return self.ffn_2(self.ffn_1(h))
+
+        if self.norm_first:
+            h = self.norm_1(x)
+            x = x + self.dropout_1(attention(h), training=training)
+            return x + self.dropout_2(ffn(self.norm_2(x)), training=training)
+        x = self.norm_1(x + self.dropout_1(attention(x), training=training))
+        return self.norm_2(x + self.dropout_2(ffn(x), training=training))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict:
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "dff": self.dff,
+            "rate": self.rate,
+            "norm_first": self.norm_first,
+            "epsilon": self.epsilon,
+            "activation": self.activation,
+            "seed": self.seed,
+        }

@@ -1,0 +1,81 @@
+"""Positional encoding layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from .._checks import check_choice, check_positive_int, check_rate, fmt_shape
+from ..ops.positional import PE_LAYOUTS, sinusoidal_table
+from ._base import seed_generator, static_width
+
+__all__ = ["PositionalEncoding"]
+
+
+@keras.saving.register_keras_serializable(package="multiattn")
+class PositionalEncoding(keras.layers.Layer):
+    """Adds the sinusoidal positional encoding to ``(batch, seq, depth)`` inputs.
+
+    ``output = dropout(x + P[:seq])`` with ``P`` from
+    :func:`multiattn.ops.sinusoidal_encoding` (computed once in float64, cast to the
+    layer's compute dtype).
+
+    Args:
+        max_length: longest sequence accepted.
+        layout: ``"interleaved"`` (d2l) or ``"concatenated"``.
+        base: wavelength base, 10000 in the documents.
+        dropout: drop probability on the sum, training only.
+        seed: int seed for dropout.
+    """
+
+    def __init__(
+        self,
+        max_length: int = 2048,
+        layout: str = "interleaved",
+        base: float = 10000.0,
+        dropout: float = 0.0,
+        seed: int | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        where = "PositionalEncoding"
+        self.max_length = check_positive_int(where, "max_length", max_length)
+        self.layout = check_choice(where, "layout", layout, PE_LAYOUTS)
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+            raise ValueError(f"{where}: `base` must be a number > 1; received {base!r}.")
+        self.base = float(base)
+        self.dropout = check_rate(where, "dropout", dropout)
+        self.seed = seed
+        self.seed_generator = seed_generator(seed)
+        self._table = None
+
+    def build(self, input_shape):
+        depth = static_width("PositionalEncoding", "inputs", input_shape)
+        self._table = sinusoidal_table(self.max_length, depth, self.layout, self.base)
+
+    def call(self, inputs, training=None):
+        length = inputs.shape[1]
+        if length is not None and length > self.max_length:
+            raise ValueError(
+                f"PositionalEncoding: sequence length {length} of `inputs` "
+                f"{fmt_shape(tuple(inputs.shape))} exceeds max_length={self.max_length}."
+            )
+        table = keras.ops.convert_to_tensor(self._table, dtype=self.compute_dtype)
+        x = inputs + table[: keras.ops.shape(inputs)[1]]
+        if self.dropout > 0.0 and training:
+            x = keras.random.dropout(x, self.dropout, seed=self.seed_generator)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict:
+        return {
+            **super().get_config(),
+            "max_length": self.max_length,
+            "layout": self.layout,
+            "base": self.base,
+            "dropout": self.dropout,
+            "seed": self.seed,
+        }
