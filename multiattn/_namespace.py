@@ -40,6 +40,33 @@ class KerasNamespace:
     def __getattr__(self, item: str) -> Any:
         return getattr(self._ops, item)
 
+    def einsum(self, subscripts: str, *operands: Any) -> Any:
+        """``keras.ops.einsum`` that keeps float64.
+
+        Keras promotes float64 to float32 on the numpy and torch backends (its type
+        lattice follows JAX's default of 32-bit floats); float64 contractions there go to
+        the backend's own einsum so that float64 stays float64.
+        """
+        backend = self._keras.backend.backend()
+        if backend in ("numpy", "torch") and all(self.dtype_name(o) == "float64" for o in operands):
+            operands = [self._ops.convert_to_tensor(o) for o in operands]
+            if backend == "numpy":
+                import numpy as np
+
+                return np.einsum(subscripts, *operands)
+            import torch
+
+            return torch.einsum(subscripts, *operands)
+        return self._ops.einsum(subscripts, *operands)
+
+    def tanh(self, x: Any) -> Any:
+        """``keras.ops.tanh`` that keeps float64 (Keras' jax backend returns float32)."""
+        if self._keras.backend.backend() == "jax" and self.dtype_name(x) == "float64":
+            import jax.numpy as jnp
+
+            return jnp.tanh(x)
+        return self._ops.tanh(x)
+
     def dtype_name(self, x: Any) -> str:
         """The standardised dtype name of ``x`` (``"float32"``, ``"bool"``, ...)."""
         return self._keras.backend.standardize_dtype(x.dtype)

@@ -50,6 +50,7 @@ class DotProductAttention(keras.layers.Layer):
         self.dropout = check_rate("DotProductAttention", "dropout", dropout)
         self.seed = seed
         self.seed_generator = seed_generator(seed)
+        self.supports_masking = True
         self.attention_weights = None
 
     def call(
@@ -77,6 +78,9 @@ class DotProductAttention(keras.layers.Layer):
             seed=self.seed_generator,
             return_weights=return_weights,
         )
+
+    def compute_mask(self, inputs, mask=None):
+        return getattr(inputs, "_keras_mask", None)  # the query's sequence mask, if any
 
     def get_config(self) -> dict:
         return {
@@ -123,6 +127,7 @@ class AdditiveAttention(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.seed = seed
         self.seed_generator = seed_generator(seed)
+        self.supports_masking = True
 
     def build(self, query_shape, value_shape, key_shape=None):
         where = "AdditiveAttention"
@@ -166,6 +171,9 @@ class AdditiveAttention(keras.layers.Layer):
             seed=self.seed_generator,
             return_weights=return_weights,
         )
+
+    def compute_mask(self, inputs, mask=None):
+        return getattr(inputs, "_keras_mask", None)  # the query's sequence mask, if any
 
     def get_config(self) -> dict:
         return {

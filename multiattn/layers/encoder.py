@@ -44,7 +44,10 @@ class TransformerEncoderLayer(keras.layers.Layer):
 
     Call arguments:
         x: ``(batch, seq, d_model)``.
-        mask, valid_lens, causal: as in :class:`MultiHeadAttention` (True = may attend).
+        mask: bool, True = may attend: ``(batch, seq)`` key padding (Keras' sequence
+            mask, also taken automatically from an upstream ``Embedding(mask_zero=True)``),
+            or any mask accepted by :class:`MultiHeadAttention`.
+        valid_lens, causal: as in :class:`MultiHeadAttention`.
         training: enables dropout.
 
     Returns:
@@ -85,12 +88,19 @@ class TransformerEncoderLayer(keras.layers.Layer):
             raise ValueError(f"{where}: unknown `activation` {activation!r}.") from err
         self.activation = activation
         self.seed = seed
+        self.supports_masking = True
         dtype = self.dtype_policy
         self.attention = MultiHeadAttention(
             self.num_heads, self.d_model // self.num_heads, name="attention", dtype=dtype
         )
-        self.ffn_1 = keras.layers.Dense(dff, activation=activation, name="ffn_1", dtype=dtype)
-        self.ffn_2 = keras.layers.Dense(d_model, name="ffn_2", dtype=dtype)
+        # EinsumDense rather than Dense: Keras' matmul computes float64 in float32 on the
+        # torch backend, its einsum does not.
+        self.ffn_1 = keras.layers.EinsumDense(
+            "btd,df->btf", (None, dff), bias_axes="f", activation=activation, name="ffn_1", dtype=dtype
+        )
+        self.ffn_2 = keras.layers.EinsumDense(
+            "btf,fd->btd", (None, d_model), bias_axes="d", name="ffn_2", dtype=dtype
+        )
         self.norm_1 = keras.layers.LayerNormalization(
             epsilon=self.epsilon, name="norm_1", dtype=dtype
         )
@@ -116,6 +126,10 @@ class TransformerEncoderLayer(keras.layers.Layer):
         self.ffn_2.build((*shape[:-1], self.dff))
 
     def call(self, x, *, mask=None, valid_lens=None, causal=False, training=None):
+        if mask is not None and len(tuple(mask.shape)) == 2:
+            # A (batch, seq) mask (Keras' sequence mask, e.g. from Embedding(mask_zero=True)):
+            # padding of the keys, the same for every query.
+            mask = keras.ops.expand_dims(mask, 1)
         def attention(h):
             return self.attention(
                 h, h, mask=mask, valid_lens=valid_lens, causal=causal, training=training
@@ -133,6 +147,9 @@ class TransformerEncoderLayer(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+    def compute_mask(self, inputs, mask=None):
+        return mask if mask is not None and len(tuple(mask.shape)) == 2 else None
 
     def get_config(self) -> dict:
         return {

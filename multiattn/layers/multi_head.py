@@ -91,6 +91,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.seed = seed
         self.seed_generator = seed_generator(seed)
+        self.supports_masking = True
 
     def _kernel(self, name: str, shape: tuple) -> Any:
         return self.add_weight(name=name, shape=shape, initializer=self.kernel_initializer)
@@ -187,6 +188,9 @@ class MultiHeadAttention(keras.layers.Layer):
         if self.output_bias is not None:
             out = out + ops.cast(self.output_bias, self.compute_dtype)
         return (out, weights) if return_weights else out
+
+    def compute_mask(self, inputs, mask=None):
+        return getattr(inputs, "_keras_mask", None)  # the query's sequence mask, if any
 
     def get_config(self) -> dict:
         return {

@@ -49,6 +49,7 @@ class PositionalEncoding(keras.layers.Layer):
         self.seed = seed
         self.seed_generator = seed_generator(seed)
         self._table = None
+        self.supports_masking = True
 
     def build(self, input_shape):
         depth = static_width("PositionalEncoding", "inputs", input_shape)

@@ -73,10 +73,14 @@ def attend(
         not return_weights
         and not use_dropout
         and hasattr(ops, "fused_attention")
+        and ops.dtype_name(query) == "float32"
         and shape_of(key)[-1] is not None
         and shape_of(key)[-1] == shape_of(value)[-1]
     )
     weights = None
+    if keep is not None:
+        for _ in range(4 - len(shape_of(keep))):
+            keep = ops.expand_dims(keep, 0)
     if fused:
         if keep is None:
             out = ops.fused_attention(query, key, value, None, scale)
@@ -286,7 +290,8 @@ def score_attention(
     weights = softmax_where(ops, scores, keep)
     mixed = _apply_dropout(ops, weights, dropout, training, seed)
     if sdt in HALF_DTYPES:
-        out = ops.cast(ops.matmul(ops.cast(mixed, "float32"), ops.cast(value, "float32")), sdt)
-    else:
-        out = ops.matmul(mixed, value)
+        mixed, value = ops.cast(mixed, "float32"), ops.cast(value, "float32")
+    out = ops.einsum("...qk,...kd->...qd", mixed, value)
+    if sdt in HALF_DTYPES:
+        out = ops.cast(out, sdt)
     return (out, weights) if return_weights else out

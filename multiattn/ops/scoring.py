@@ -50,7 +50,7 @@ def dot_scores(query: Any, key: Any) -> Any:
     """
     ops, query, key, qs, ks = _query_key("dot_scores", query, key)
     _check_same_width("dot_scores", qs, ks)
-    return ops.matmul(query, ops.swapaxes(key, -1, -2))
+    return ops.einsum("...qd,...kd->...qk", query, key)
 
 
 def scaled_dot_scores(query: Any, key: Any, scale: float | None = None) -> Any:
@@ -70,7 +70,7 @@ def scaled_dot_scores(query: Any, key: Any, scale: float | None = None) -> Any:
     scale = check_scale(where, scale)
     if scale is None:
         scale = 1.0 / math.sqrt(qs[-1])
-    return ops.matmul(query, ops.swapaxes(key, -1, -2)) * scale
+    return ops.einsum("...qd,...kd->...qk", query, key) * scale
 
 
 def _check_weight(where: str, name: str, w: Any, ops: Any, want: tuple, dtype: str) -> Any:
@@ -111,9 +111,13 @@ def additive_scores(query: Any, key: Any, w_q: Any, w_k: Any, w_v: Any) -> Any:
     w_q = _check_weight(where, "w_q", w_q, ops, (qs[-1], units), dtype)
     w_k = _check_weight(where, "w_k", w_k, ops, (ks[-1], units), dtype)
     w_v = _check_weight(where, "w_v", w_v, ops, (units,), dtype)
-    q_features = ops.expand_dims(ops.matmul(query, w_q), -2)  # (..., queries, 1, units)
-    k_features = ops.expand_dims(ops.matmul(key, w_k), -3)  # (..., 1, keys, units)
-    return ops.matmul(ops.tanh(q_features + k_features), w_v)
+    q_features = ops.expand_dims(
+        ops.einsum("...qd,du->...qu", query, w_q), -2
+    )  # (..., queries, 1, units)
+    k_features = ops.expand_dims(
+        ops.einsum("...kd,du->...ku", key, w_k), -3
+    )  # (..., 1, keys, units)
+    return ops.einsum("...qku,u->...qk", ops.tanh(q_features + k_features), w_v)
 
 
 def general_scores(query: Any, key: Any, w: Any) -> Any:
@@ -130,4 +134,4 @@ def general_scores(query: Any, key: Any, w: Any) -> Any:
     where = "general_scores"
     ops, query, key, qs, ks = _query_key(where, query, key)
     w = _check_weight(where, "w", w, ops, (qs[-1], ks[-1]), ops.dtype_name(query))
-    return ops.matmul(ops.matmul(query, w), ops.swapaxes(key, -1, -2))
+    return ops.einsum("...qd,...kd->...qk", ops.einsum("...qe,ed->...qd", query, w), key)

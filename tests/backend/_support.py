@@ -1,0 +1,98 @@
+"""Helpers for the backend tests: conversion, gradients and oracle comparisons."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+BACKEND = keras.backend.backend()
+
+# Keras' numpy backend computes most float64 arithmetic in float32 (its type promotion
+# maps float64 to float32 outside TensorFlow), so float64 is not offered there.
+DTYPES = (
+    ("float32", "float16", "bfloat16")
+    if BACKEND == "numpy"
+    else ("float64", "float32", "float16", "bfloat16")
+)
+# Max relative error (max |got - want| / max |want|) against the float64 oracle, for
+# attention on inputs already rounded to the dtype. float32 is the project's bound.
+TOL = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
+# Bounds for layers whose projections run in the dtype itself.
+LAYER_TOL = {"float64": 1e-12, "float32": 1e-6, "float16": 1e-2, "bfloat16": 6e-2}
+HAS_GRAD = BACKEND != "numpy"
+
+
+def to_np(x) -> np.ndarray:
+    """A backend tensor as a float64 (or bool/int) NumPy array."""
+    arr = np.asarray(keras.ops.convert_to_numpy(x))
+    return arr.astype(np.float64) if arr.dtype.kind == "f" or "bfloat16" in str(arr.dtype) else arr
+
+
+def cast(x: np.ndarray, dtype: str):
+    """NumPy float64 data as a backend tensor of ``dtype``."""
+    return keras.ops.convert_to_tensor(
+        np.asarray(x, np.float32 if dtype != "float64" else np.float64), dtype=dtype
+    )
+
+
+def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
+    """``x`` rounded to ``dtype`` and back to float64 (the oracle's inputs)."""
+    return to_np(cast(x, dtype))
+
+
+def rel_err(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
+    assert np.all(np.isfinite(got)), "result holds NaN or Inf"
+    scale = max(np.abs(want).max(initial=0.0), 1e-30)
+    return float(np.abs(got - want).max(initial=0.0) / scale)
+
+
+def assert_close(got, want, dtype: str, tol: dict | None = None) -> float:
+    err = rel_err(to_np(got) if not isinstance(got, np.ndarray) else got, want)
+    bound = (tol or TOL)[dtype]
+    assert err <= bound, f"max relative error {err:.3e} > {bound:.1e} ({dtype}, {BACKEND})"
+    return err
+
+
+def requires_grad():
+    if not HAS_GRAD:
+        pytest.skip("the numpy backend is inference only")
+
+
+def gradients(fn, *args):
+    """Gradients of the scalar ``fn(*tensors)`` with respect to every argument (NumPy)."""
+    requires_grad()
+    if BACKEND == "jax":
+        import jax
+
+        return [to_np(g) for g in jax.grad(fn, argnums=tuple(range(len(args))))(*args)]
+    if BACKEND == "torch":
+        import torch
+
+        leaves = [a.detach().clone().requires_grad_(True) for a in args]
+        grads = torch.autograd.grad(fn(*leaves), leaves, allow_unused=True)
+        return [np.zeros(tuple(a.shape)) if g is None else to_np(g) for a, g in zip(leaves, grads)]
+    import tensorflow as tf
+
+    leaves = [tf.Variable(a) for a in args]
+    with tf.GradientTape() as tape:
+        value = fn(*leaves)
+    grads = tape.gradient(value, leaves)
+    return [np.zeros(tuple(a.shape)) if g is None else to_np(g) for a, g in zip(leaves, grads)]
+
+
+def numeric_grad(fn, *arrays, eps: float = 1e-6):
+    """Central-difference gradients of the float64 scalar ``fn(*arrays)`` (oracle side)."""
+    out = []
+    for i, arr in enumerate(arrays):
+        grad = np.zeros_like(arr)
+        for idx in np.ndindex(arr.shape):
+            plus = [a.copy() for a in arrays]
+            minus = [a.copy() for a in arrays]
+            plus[i][idx] += eps
+            minus[i][idx] -= eps
+            grad[idx] = (fn(*plus) - fn(*minus)) / (2 * eps)
+        out.append(grad)
+    return out
