@@ -1,8 +1,9 @@
 """multiattn: attention written once with keras.ops, identical across frameworks.
 
 Import under the Keras backend of your choice (``KERAS_BACKEND`` = ``jax``, ``torch``,
-``tensorflow`` or ``numpy``, read once when Keras is imported). multiattn itself imports
-no framework but Keras and its backend.
+``tensorflow`` or ``numpy``, read once when Keras is imported). ``import multiattn`` itself
+imports no framework; Keras (and with it the chosen backend) is imported on first use of
+:mod:`multiattn.ops` or :mod:`multiattn.layers`.
 
 * :mod:`multiattn.ops`: the math (masked softmax, scoring functions, scaled dot-product
   attention, head split/merge, positional encoding).
@@ -10,8 +11,19 @@ no framework but Keras and its backend.
 * :mod:`multiattn.reference`: the float64 NumPy oracle used by tests and fixtures.
 """
 
-from . import layers, ops
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "layers", "ops"]
+_SUBMODULES = ("layers", "ops", "reference")
+
+__all__ = ["__version__", "layers", "ops", "reference"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'multiattn' has no attribute {name!r}")

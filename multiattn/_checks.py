@@ -30,7 +30,16 @@ def shape_of(x: Any) -> Shape:
     shape = x.shape
     if hasattr(shape, "as_list"):  # tf.TensorShape
         shape = shape.as_list() if shape.rank is not None else ()
-    return tuple(None if d is None else int(d) for d in shape)
+    return tuple(_static_dim(d) for d in shape)
+
+
+def _static_dim(d: Any) -> int | None:
+    if d is None:
+        return None
+    try:
+        return int(d)
+    except Exception:  # a symbolic dimension (JAX shape polymorphism, graph tensors)
+        return None
 
 
 def check_float(where: str, name: str, x: Any, ns: Any) -> str:

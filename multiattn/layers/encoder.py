@@ -96,7 +96,12 @@ class TransformerEncoderLayer(keras.layers.Layer):
         # EinsumDense rather than Dense: Keras' matmul computes float64 in float32 on the
         # torch backend, its einsum does not.
         self.ffn_1 = keras.layers.EinsumDense(
-            "btd,df->btf", (None, dff), bias_axes="f", activation=activation, name="ffn_1", dtype=dtype
+            "btd,df->btf",
+            (None, dff),
+            bias_axes="f",
+            activation=activation,
+            name="ffn_1",
+            dtype=dtype,
         )
         self.ffn_2 = keras.layers.EinsumDense(
             "btf,fd->btd", (None, d_model), bias_axes="d", name="ffn_2", dtype=dtype
@@ -130,6 +135,7 @@ class TransformerEncoderLayer(keras.layers.Layer):
             # A (batch, seq) mask (Keras' sequence mask, e.g. from Embedding(mask_zero=True)):
             # padding of the keys, the same for every query.
             mask = keras.ops.expand_dims(mask, 1)
+
         def attention(h):
             return self.attention(
                 h, h, mask=mask, valid_lens=valid_lens, causal=causal, training=training

@@ -100,9 +100,9 @@ def test_encoder_layer_against_oracle(dtype, norm_first):
     want = ref.transformer_encoder_layer(
         x, weights=weights, num_heads=2, norm_first=norm_first, epsilon=1e-6, valid_lens=lens
     )
-    # Keras' LayerNormalization computes float64 at float32 accuracy on the torch backend
-    # (about 2e-7); the attention and feed-forward parts are float64-exact there.
-    f64 = 1e-6 if BACKEND == "torch" else 1e-10
+    # Keras' LayerNormalization computes float64 at float32 accuracy on the torch and jax
+    # backends (about 5e-7); the attention and feed-forward parts are float64-exact there.
+    f64 = 1e-6 if BACKEND in ("torch", "jax") else 1e-10
     assert_close(got, want, dtype, {"float64": f64, "float32": 2e-6})
 
 

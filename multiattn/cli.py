@@ -1,0 +1,40 @@
+"""The ``multiattn`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="multiattn", description="Attention identical across frameworks."
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command")
+    demo = sub.add_parser(
+        "demo", help="run the same attention on every installed backend and compare"
+    )
+    demo.add_argument(
+        "--backends", default="jax,torch,tensorflow,numpy", help="comma-separated Keras backends"
+    )
+    args = parser.parse_args(argv)
+    if args.version:
+        from importlib.metadata import version
+
+        print(version("multiattn"))
+        return 0
+    if args.command == "demo":
+        from . import demo as demo_module
+
+        names = [b.strip() for b in args.backends.split(",") if b.strip()]
+        unknown = sorted(set(names) - set(demo_module.BACKENDS))
+        if unknown:
+            parser.error(f"--backends: unknown backend(s) {', '.join(unknown)}")
+        return demo_module.run(names)
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
