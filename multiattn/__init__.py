@@ -3,12 +3,12 @@
 Import under the Keras backend of your choice (``KERAS_BACKEND`` = ``jax``, ``torch``,
 ``tensorflow`` or ``numpy``, read once when Keras is imported). ``import multiattn`` itself
 imports no framework; Keras (and with it the chosen backend) is imported on first use of
-:mod:`multiattn.ops` or :mod:`multiattn.layers`.
+`multiattn.ops` or `multiattn.layers`.
 
-* :mod:`multiattn.ops`: the math (masked softmax, scoring functions, scaled dot-product
+* `multiattn.ops`: the math (masked softmax, scoring functions, scaled dot-product
   attention, head split/merge, positional encoding).
-* :mod:`multiattn.layers`: Keras 3 layers.
-* :mod:`multiattn.reference`: the float64 NumPy oracle used by tests and fixtures.
+* `multiattn.layers`: Keras 3 layers.
+* `multiattn.reference`: the float64 NumPy oracle used by tests and fixtures.
 """
 
 from __future__ import annotations

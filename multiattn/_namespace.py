@@ -1,6 +1,6 @@
 """How the core reaches its array operations.
 
-Every core function asks :func:`get_ops` for the namespace that holds the operations
+Every core function asks `get_ops` for the namespace that holds the operations
 it needs, passing the tensors it received. By default this is ``keras.ops`` (plus the
 few helpers the core needs from ``keras.random`` and ``keras.backend``), which is what
 every Keras backend uses. A framework without a Keras backend (Paddle) registers a

@@ -104,7 +104,7 @@ def masked_softmax(
 ) -> np.ndarray:
     """Softmax of ``x`` over ``axis`` restricted to allowed positions; same shape as ``x``.
 
-    Allowed = (key < valid_lens, see :func:`valid_lens_mask`; requires ``axis`` to be the last
+    Allowed = (key < valid_lens, see `valid_lens_mask`; requires ``axis`` to be the last
     axis) AND ``mask`` (bool, True = keep, broadcastable to ``x``). Disallowed positions get
     weight 0 and a row with nothing allowed is all zeros. The max is taken over allowed
     entries only, so the result is numerically stable.
@@ -239,7 +239,7 @@ def split_heads(x: ArrayLike, num_heads: int, layout: str = "contiguous") -> np.
 
 
 def merge_heads(x: ArrayLike, layout: str = "contiguous") -> np.ndarray:
-    """Inverse of :func:`split_heads`: ``(batch, num_heads, seq, depth) -> (batch, seq, H*depth)``."""
+    """Inverse of `split_heads`: ``(batch, num_heads, seq, depth) -> (batch, seq, H*depth)``."""
     x = _f64(x)
     _check_layout(layout)
     _check_shape("x", x, (None, None, None, None))
@@ -387,7 +387,7 @@ def transformer_encoder_layer(
 
     Post-LN: ``h = LN1(x + MHA(x)); out = LN2(h + FFN(h))``.
     Pre-LN: ``h = x + MHA(LN1(x)); out = h + FFN(LN2(h))``.
-    ``weights``: "attention" (see :func:`multi_head_attention`), "ffn_w1" ``(d_model, dff)``,
+    ``weights``: "attention" (see `multi_head_attention`), "ffn_w1" ``(d_model, dff)``,
     "ffn_b1" ``(dff,)``, "ffn_w2" ``(dff, d_model)``, "ffn_b2" ``(d_model,)`` and
     "norm1_gamma", "norm1_beta", "norm2_gamma", "norm2_beta" ``(d_model,)``.
     """

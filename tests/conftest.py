@@ -56,7 +56,8 @@ def _backend_paths(config: pytest.Config) -> list[str]:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config):
-    if not IS_WORKER and collection_path.resolve() == BACKEND_DIR:
+    path = collection_path.resolve()
+    if not IS_WORKER and (path == BACKEND_DIR or BACKEND_DIR in path.parents):
         return True
     return None
 
@@ -72,6 +73,9 @@ class ReplayItem(pytest.Item):
         super().__init__(**kwargs)
         self.record = record
         self.add_marker(pytest.mark.backend(record["backend"]))
+        # Let -k match the module and directory names, as for a normally collected test.
+        for part in record["nodeid"].split("::")[0].split("/"):
+            self.extra_keyword_matches.add(part.removesuffix(".py"))
 
     def runtest(self) -> None:
         outcome = self.record["outcome"]
@@ -123,6 +127,7 @@ def _run_worker(
     return backend, records, log, elapsed
 
 
+@pytest.hookimpl(tryfirst=True)  # before -k/-m deselection sees the item list
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list):
     if IS_WORKER:
         return

@@ -211,7 +211,11 @@ def worker_torch() -> None:
         "torch.nn.MultiheadAttention", "torch", "need_weights=False", "float32", lambda: mha(False)
     )
     emit(
-        "torch.nn.MultiheadAttention", "torch", "eval + no_grad fast path", "float32", mha_fast_path
+        "torch.nn.MultiheadAttention",
+        "torch",
+        "eval + no_grad, self-attention",
+        "float32",
+        mha_fast_path,
     )
     emit(
         "torch F.scaled_dot_product_attention",

@@ -1,4 +1,4 @@
-"""Keras 3 layers built on :mod:`multiattn.ops`.
+"""Keras 3 layers built on `multiattn.ops`.
 
 Every layer validates its arguments in ``__init__``, creates weights in ``build`` and
 computes in ``call``; ``get_config`` is complete and ``.keras`` files round-trip exactly.

@@ -107,7 +107,7 @@ class AdditiveAttention(keras.layers.Layer):
     Call arguments:
         query: ``(batch, queries, d_q)``; value: ``(batch, keys, d_v)``;
         key: ``(batch, keys, d_k)``, defaults to ``value``; mask, valid_lens, causal,
-        return_weights, training: as in :class:`DotProductAttention`.
+        return_weights, training: as in `DotProductAttention`.
 
     Returns:
         ``(batch, queries, d_v)`` (and the weights ``(batch, queries, keys)``).

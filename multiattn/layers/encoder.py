@@ -28,7 +28,7 @@ class TransformerEncoderLayer(keras.layers.Layer):
         h = x + dropout_1(attention(norm_1(x)))
         y = h + dropout_2(ffn(norm_2(h)))
 
-    Sublayers: ``attention`` (:class:`MultiHeadAttention`, ``key_dim = d_model // num_heads``),
+    Sublayers: ``attention`` (`MultiHeadAttention`, ``key_dim = d_model // num_heads``),
     ``ffn_1`` (``Dense(dff, activation)``), ``ffn_2`` (``Dense(d_model)``), ``norm_1``,
     ``norm_2`` (``LayerNormalization(epsilon)``), ``dropout_1``, ``dropout_2``.
 
@@ -46,8 +46,8 @@ class TransformerEncoderLayer(keras.layers.Layer):
         x: ``(batch, seq, d_model)``.
         mask: bool, True = may attend: ``(batch, seq)`` key padding (Keras' sequence
             mask, also taken automatically from an upstream ``Embedding(mask_zero=True)``),
-            or any mask accepted by :class:`MultiHeadAttention`.
-        valid_lens, causal: as in :class:`MultiHeadAttention`.
+            or any mask accepted by `MultiHeadAttention`.
+        valid_lens, causal: as in `MultiHeadAttention`.
         training: enables dropout.
 
     Returns:

@@ -32,7 +32,7 @@ class MultiHeadAttention(keras.layers.Layer):
     ``output_kernel (H, D_v, E_out)``, and with ``use_bias`` the biases ``query_bias (H, D)``,
     ``key_bias (H, D)``, ``value_bias (H, D_v)``, ``output_bias (E_out,)``. Heads are
     contiguous in this layout; the interleaved heads of the PaddlePaddle document are a
-    permutation of the kernels' columns (see :func:`multiattn.ops.split_heads`).
+    permutation of the kernels' columns (see `multiattn.ops.split_heads`).
 
     Args:
         num_heads: number of heads ``H``.

@@ -18,7 +18,7 @@ class PositionalEncoding(keras.layers.Layer):
     """Adds the sinusoidal positional encoding to ``(batch, seq, depth)`` inputs.
 
     ``output = dropout(x + P[:seq])`` with ``P`` from
-    :func:`multiattn.ops.sinusoidal_encoding` (computed once in float64, cast to the
+    `multiattn.ops.sinusoidal_encoding` (computed once in float64, cast to the
     layer's compute dtype).
 
     Args:

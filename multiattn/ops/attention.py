@@ -1,12 +1,12 @@
 """Scaled dot-product attention and attention over precomputed scores.
 
-One internal routine, :func:`attend`, computes attention on ``(batch, seq, heads, dim)``
+One internal routine, `attend`, computes attention on ``(batch, seq, heads, dim)``
 arrays; the public functions and the layers all reach it, so there is a single
 implementation of the math with two execution paths:
 
 * the fused path (``keras.ops.dot_product_attention``) when neither the weights nor
   dropout are needed and the value width equals the key width;
-* the explicit path (scores, :func:`~multiattn.ops.masking.softmax_where`, weighted sum)
+* the explicit path (scores, `multiattn.ops.masking.softmax_where`, weighted sum)
   otherwise.
 
 Both give the same result, fully masked rows included: such rows are all-zero weights
@@ -256,13 +256,13 @@ def score_attention(
 ) -> Any:
     """Attention from precomputed scores: ``masked_softmax(scores) @ value``.
 
-    Use with :func:`~multiattn.ops.additive_scores` or
-    :func:`~multiattn.ops.general_scores`.
+    Use with `multiattn.ops.additive_scores` or
+    `multiattn.ops.general_scores`.
 
     Args:
         scores: ``(..., queries, keys)``, floating.
         value: ``(..., keys, d_v)``, same dtype and rank as ``scores``.
-        mask, valid_lens, causal: as in :func:`scaled_dot_product_attention`.
+        mask, valid_lens, causal: as in `scaled_dot_product_attention`.
         dropout, training, seed: dropout on the weights, only when ``training``.
         return_weights: also return the weights ``(..., queries, keys)``.
 

@@ -50,7 +50,7 @@ def split_heads(x: Any, num_heads: int, *, layout: str = "contiguous") -> Any:
 def merge_heads(x: Any, *, layout: str = "contiguous") -> Any:
     """``(batch, num_heads, seq, depth)`` -> ``(batch, seq, num_heads * depth)``.
 
-    The exact inverse of :func:`split_heads` for the same ``layout``. (The PaddlePaddle
+    The exact inverse of `split_heads` for the same ``layout``. (The PaddlePaddle
     document splits interleaved but merges contiguously; pass the layout you need.)
     """
     where = "merge_heads"

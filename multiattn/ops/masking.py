@@ -146,8 +146,8 @@ def combine_masks(
     Args:
         scores_shape: ``(batch, ..., queries, keys)``.
         mask: bool/int, True = may attend, broadcastable to ``scores_shape``.
-        valid_lens: see :func:`valid_lens_to_mask`.
-        causal: add :func:`causal_mask` (bottom-right aligned).
+        valid_lens: see `valid_lens_to_mask`.
+        causal: add `causal_mask` (bottom-right aligned).
 
     Returns:
         A bool tensor broadcastable to ``scores_shape``, or ``None`` when nothing is masked.

@@ -2,7 +2,7 @@
 
 All functions map queries ``(..., queries, d_q)`` and keys ``(..., keys, d_k)`` to scores
 ``(..., queries, keys)``; leading axes broadcast. Half-precision inputs are scored in
-their own dtype (use :func:`multiattn.ops.masked_softmax` to normalise in float32).
+their own dtype (use `multiattn.ops.masked_softmax` to normalise in float32).
 """
 
 from __future__ import annotations
