@@ -1,4 +1,4 @@
-"""Test harness: the backend suite runs once per Keras backend, each in its own process.
+"""Test harness: framework suites run in their own processes, one per worker.
 
 ``KERAS_BACKEND`` is read once when Keras is imported, so ``tests/backend/`` cannot run
 under several backends in one process. This conftest (the outer session) does not
@@ -8,8 +8,13 @@ replays them here as items whose ids name the backend (``test_x[jax-...]``), so 
 summary counts every test of every backend and a crashing backend never hides another's
 results.
 
+Besides the four Keras backends, suites that need a process of their own (the Paddle
+adapter, which must import paddle before anything can load TensorFlow and runs with no
+Keras backend chosen) are further workers: see ``WORKERS``.
+
 Environment:
-    MULTIATTN_TEST_BACKENDS: comma-separated subset of jax,torch,tensorflow,numpy.
+    MULTIATTN_TEST_BACKENDS: comma-separated subset of the worker names
+        (jax, torch, tensorflow, numpy, paddle).
     MULTIATTN_TEST_JOBS: how many workers run at once (default 2).
 """
 
@@ -28,10 +33,20 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 BACKEND_DIR = HERE / "backend"
+PADDLE_DIR = HERE / "paddle"
 ROOT = HERE.parent
-BACKENDS = ("jax", "torch", "tensorflow", "numpy")
 WORKER_ENV = "MULTIATTN_TEST_BACKEND"
 IS_WORKER = WORKER_ENV in os.environ
+# worker name -> (test directory, environment: a value of None removes the variable)
+WORKERS: dict[str, tuple[Path, dict[str, str | None]]] = {
+    "jax": (BACKEND_DIR, {"KERAS_BACKEND": "jax", "JAX_ENABLE_X64": "1"}),
+    "torch": (BACKEND_DIR, {"KERAS_BACKEND": "torch"}),
+    "tensorflow": (BACKEND_DIR, {"KERAS_BACKEND": "tensorflow"}),
+    "numpy": (BACKEND_DIR, {"KERAS_BACKEND": "numpy"}),
+    "paddle": (PADDLE_DIR, {"KERAS_BACKEND": None}),
+}
+BACKENDS = tuple(WORKERS)
+WORKER_DIRS = {d for d, _ in WORKERS.values()}
 
 
 def _selected_backends() -> list[str]:
@@ -43,22 +58,24 @@ def _selected_backends() -> list[str]:
     return names
 
 
-def _backend_paths(config: pytest.Config) -> list[str]:
-    """Paths inside tests/backend that this run asks for (empty: none)."""
+def _worker_paths(config: pytest.Config, directory: Path) -> list[str]:
+    """Paths inside ``directory`` that this run asks for (empty: none)."""
     paths = []
     for arg in config.args:
         path = Path(arg.split("::")[0]).resolve()
-        if path == BACKEND_DIR or BACKEND_DIR in path.parents:
+        if path == directory or directory in path.parents:
             paths.append(arg)
-        elif path in BACKEND_DIR.parents:
-            paths.append(str(BACKEND_DIR))
+        elif path in directory.parents:
+            paths.append(str(directory))
     return sorted(set(paths))
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config):
     path = collection_path.resolve()
-    if not IS_WORKER and (path == BACKEND_DIR or BACKEND_DIR in path.parents):
-        return True
+    for directory in WORKER_DIRS:
+        inside = path == directory or directory in path.parents
+        if inside and (not IS_WORKER or os.environ.get("MULTIATTN_TEST_DIR") != str(directory)):
+            return True
     return None
 
 
@@ -96,10 +113,14 @@ class ReplayItem(pytest.Item):
 def _run_worker(
     backend: str, paths: list[str], extra: list[str]
 ) -> tuple[str, list[dict], str, float]:
+    directory, overrides = WORKERS[backend]
     env = dict(os.environ)
-    env.update({"KERAS_BACKEND": backend, WORKER_ENV: backend, "PYTHONHASHSEED": "0"})
-    if backend == "jax":
-        env["JAX_ENABLE_X64"] = "1"  # float64 cases need real float64 arrays
+    env.update({WORKER_ENV: backend, "MULTIATTN_TEST_DIR": str(directory), "PYTHONHASHSEED": "0"})
+    for key, value in overrides.items():  # JAX_ENABLE_X64: float64 cases need real float64
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.jsonl"
@@ -118,7 +139,7 @@ def _run_worker(
     if proc.returncode not in (0, 1, 5) or not records:
         records.append(
             {
-                "nodeid": f"tests/backend::worker[{backend}]",
+                "nodeid": f"{directory.relative_to(ROOT)}::worker[{backend}]",
                 "outcome": "failed",
                 "backend": backend,
                 "longrepr": f"backend worker exited with code {proc.returncode}\n{log[-6000:]}",
@@ -131,20 +152,21 @@ def _run_worker(
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list):
     if IS_WORKER:
         return
-    paths = _backend_paths(config)
-    if not paths:
+    wanted = {name: _worker_paths(config, WORKERS[name][0]) for name in _selected_backends()}
+    wanted = {name: paths for name, paths in wanted.items() if paths}
+    if not wanted:
         return
     extra = []
     for opt in ("keyword", "markexpr"):
         value = getattr(config.option, opt, "")
         if value:
             extra += ["-k" if opt == "keyword" else "-m", value]
-    backends = _selected_backends()
+    backends = list(wanted)
     jobs = max(1, int(os.environ.get("MULTIATTN_TEST_JOBS", "2")))
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     results = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_run_worker, b, paths, extra) for b in backends]
+        futures = [pool.submit(_run_worker, b, wanted[b], extra) for b in backends]
         for fut in futures:
             backend, records, _log, elapsed = fut.result()
             results[backend] = records
@@ -164,3 +186,39 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "backend(name): the Keras backend a replayed test ran on")
+
+
+# --- worker side: per-test results for the outer session ------------------------------
+
+_RESULTS: dict[str, dict] = {}
+
+
+def pytest_runtest_logreport(report):
+    if not IS_WORKER:
+        return
+    rec = _RESULTS.setdefault(report.nodeid, {"nodeid": report.nodeid, "outcome": "passed"})
+    if report.failed:
+        rec["outcome"] = "failed"
+        text = f"{rec.get('longrepr', '')}\n[{report.when}]\n{report.longrepr}"
+        rec["longrepr"] = text.strip()
+    elif report.skipped and rec["outcome"] == "passed":
+        rec["outcome"] = "skipped"
+        longrepr = report.longrepr
+        rec["reason"] = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+
+
+def pytest_collectreport(report):
+    if IS_WORKER and report.failed:
+        _RESULTS[report.nodeid + "::collect"] = {
+            "nodeid": f"{report.nodeid}::collect[{os.environ[WORKER_ENV]}]",
+            "outcome": "failed",
+            "longrepr": str(report.longrepr),
+        }
+
+
+def pytest_sessionfinish(session):
+    path = os.environ.get("MULTIATTN_TEST_REPORT")
+    if IS_WORKER and path:
+        with open(path, "w") as fh:
+            for rec in _RESULTS.values():
+                fh.write(json.dumps(rec) + "\n")
