@@ -17,7 +17,7 @@ from .._checks import (
 )
 from .._namespace import get_ops
 from ..ops.attention import attend
-from ..ops.masking import combine_masks
+from ..ops.masking import combine_keep
 from ._base import check_input_width, seed_generator, static_width
 
 __all__ = ["MultiHeadAttention"]
@@ -133,7 +133,9 @@ class MultiHeadAttention(keras.layers.Layer):
                     mask = ops.expand_dims(mask, 1)
             else:
                 check_rank(where, "mask", ms, 0, 4)
-        return combine_masks(shape4, mask=mask, valid_lens=valid_lens, causal=causal, where=where)
+        return combine_keep(
+            ops, shape4, mask=mask, valid_lens=valid_lens, causal=causal, where=where
+        )
 
     def call(
         self,

@@ -30,7 +30,7 @@ from .._checks import (
     shape_of,
 )
 from .._namespace import get_ops
-from .masking import combine_masks, softmax_where
+from .masking import combine_keep, softmax_where
 
 __all__ = ["attend", "scaled_dot_product_attention", "score_attention"]
 
@@ -216,8 +216,8 @@ def scaled_dot_product_attention(
                 f"{where}: the query width must be static to derive the default scale."
             )
         scale = 1.0 / math.sqrt(qs[-1])
-    keep = combine_masks(
-        (*lead, qs[-2], ks[-2]), mask=mask, valid_lens=valid_lens, causal=causal, where=where
+    keep = combine_keep(
+        ops, (*lead, qs[-2], ks[-2]), mask=mask, valid_lens=valid_lens, causal=causal, where=where
     )
     if keep is not None:
         keep = _keep_to_flat(ops, keep, lead, qs[-2], ks[-2])
@@ -286,7 +286,7 @@ def score_attention(
             f"{fmt_shape(ss)}; received {fmt_shape(vs)}."
         )
     dropout = check_rate(where, "dropout", dropout)
-    keep = combine_masks(ss, mask=mask, valid_lens=valid_lens, causal=causal, where=where)
+    keep = combine_keep(ops, ss, mask=mask, valid_lens=valid_lens, causal=causal, where=where)
     weights = softmax_where(ops, scores, keep)
     mixed = _apply_dropout(ops, weights, dropout, training, seed)
     if sdt in HALF_DTYPES:

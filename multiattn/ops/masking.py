@@ -47,7 +47,10 @@ def causal_mask(query_len: int, key_len: int | None = None) -> Any:
             raise ValueError(
                 f"causal_mask: `{name}` must be a positive integer; received {value!r}."
             )
-    ops = get_ops()
+    return _causal_keep(get_ops(), query_len, key_len)
+
+
+def _causal_keep(ops: Any, query_len: int, key_len: int) -> Any:
     rows = ops.expand_dims(ops.arange(query_len, dtype="int32"), 1)
     cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)
     return ops.less_equal(cols, rows + (key_len - query_len))
@@ -71,7 +74,10 @@ def valid_lens_to_mask(
         A bool tensor of shape ``(batch, 1, ..., 1, keys)`` or ``(batch, 1, ..., queries, keys)``
         that broadcasts to ``scores_shape``.
     """
-    ops = get_ops(valid_lens)
+    return _valid_lens_keep(get_ops(valid_lens), valid_lens, scores_shape, where)
+
+
+def _valid_lens_keep(ops: Any, valid_lens: Any, scores_shape: tuple, where: str) -> Any:
     valid_lens = as_array(valid_lens)
     vshape = shape_of(valid_lens)
     ndim = len(scores_shape)
@@ -152,16 +158,35 @@ def combine_masks(
     Returns:
         A bool tensor broadcastable to ``scores_shape``, or ``None`` when nothing is masked.
     """
+    return combine_keep(
+        get_ops(mask, valid_lens),
+        scores_shape,
+        mask=mask,
+        valid_lens=valid_lens,
+        causal=causal,
+        where=where,
+    )
+
+
+def combine_keep(
+    ops: Any,
+    scores_shape: tuple[int | None, ...],
+    *,
+    mask: Any = None,
+    valid_lens: Any = None,
+    causal: bool = False,
+    where: str,
+) -> Any:
+    """`combine_masks` in the namespace ``ops`` of the tensors being attended (internal)."""
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"{where}: `causal` must be a bool; received {causal!r}.")
-    ops = get_ops(mask, valid_lens)
     keep = None
     if mask is not None:
         mask = as_array(mask)
         broadcast_shape(where, "mask", shape_of(mask), scores_shape)
         keep = _mask_to_bool(ops, where, "mask", mask)
     if valid_lens is not None:
-        lens_keep = valid_lens_to_mask(valid_lens, scores_shape, where=where)
+        lens_keep = _valid_lens_keep(ops, valid_lens, scores_shape, where)
         keep = lens_keep if keep is None else ops.logical_and(keep, lens_keep)
     if causal:
         q, k = scores_shape[-2], scores_shape[-1]
@@ -170,7 +195,7 @@ def combine_masks(
                 f"{where}: `causal=True` needs static query and key lengths; received scores "
                 f"of shape {fmt_shape(scores_shape)}."
             )
-        tri = causal_mask(q, k)
+        tri = _causal_keep(ops, q, k)
         keep = tri if keep is None else ops.logical_and(keep, tri)
     return keep
 
@@ -249,7 +274,7 @@ def masked_softmax(x: Any, valid_lens: Any = None, *, mask: Any = None, axis: in
         moved = shape_of(x)
     else:
         moved = shape
-    keep = combine_masks(moved, mask=mask, valid_lens=valid_lens, where=where)
+    keep = combine_keep(ops, moved, mask=mask, valid_lens=valid_lens, where=where)
     weights = softmax_where(ops, x, keep)
     if axis != last:
         weights = ops.moveaxis(weights, last, axis)
