@@ -7,11 +7,13 @@ computes in ``call``; ``get_config`` is complete and ``.keras`` files round-trip
 from .attention import AdditiveAttention, DotProductAttention
 from .encoder import TransformerEncoderLayer
 from .multi_head import MultiHeadAttention
+from .normalization import LayerNormalization
 from .positional import PositionalEncoding
 
 __all__ = [
     "AdditiveAttention",
     "DotProductAttention",
+    "LayerNormalization",
     "MultiHeadAttention",
     "PositionalEncoding",
     "TransformerEncoderLayer",

@@ -9,6 +9,7 @@ import keras
 from .._checks import check_positive_int, check_rate
 from ._base import static_width
 from .multi_head import MultiHeadAttention
+from .normalization import LayerNormalization
 
 __all__ = ["TransformerEncoderLayer"]
 
@@ -30,7 +31,7 @@ class TransformerEncoderLayer(keras.layers.Layer):
 
     Sublayers: ``attention`` (`MultiHeadAttention`, ``key_dim = d_model // num_heads``),
     ``ffn_1`` (``Dense(dff, activation)``), ``ffn_2`` (``Dense(d_model)``), ``norm_1``,
-    ``norm_2`` (``LayerNormalization(epsilon)``), ``dropout_1``, ``dropout_2``.
+    ``norm_2`` (`multiattn.layers.LayerNormalization`, float64-exact), ``dropout_1``, ``dropout_2``.
 
     Args:
         d_model: model width; must be divisible by ``num_heads``.
@@ -106,12 +107,8 @@ class TransformerEncoderLayer(keras.layers.Layer):
         self.ffn_2 = keras.layers.EinsumDense(
             "btf,fd->btd", (None, d_model), bias_axes="d", name="ffn_2", dtype=dtype
         )
-        self.norm_1 = keras.layers.LayerNormalization(
-            epsilon=self.epsilon, name="norm_1", dtype=dtype
-        )
-        self.norm_2 = keras.layers.LayerNormalization(
-            epsilon=self.epsilon, name="norm_2", dtype=dtype
-        )
+        self.norm_1 = LayerNormalization(epsilon=self.epsilon, name="norm_1", dtype=dtype)
+        self.norm_2 = LayerNormalization(epsilon=self.epsilon, name="norm_2", dtype=dtype)
         seed2 = None if seed is None else seed + 1
         self.dropout_1 = keras.layers.Dropout(self.rate, seed=seed, name="dropout_1", dtype=dtype)
         self.dropout_2 = keras.layers.Dropout(self.rate, seed=seed2, name="dropout_2", dtype=dtype)

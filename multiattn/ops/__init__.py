@@ -7,6 +7,7 @@ attend; valid lengths are ``(batch,)`` or ``(batch, queries)``.
 from .attention import scaled_dot_product_attention, score_attention
 from .heads import HEAD_LAYOUTS, merge_heads, split_heads
 from .masking import causal_mask, combine_masks, masked_softmax, valid_lens_to_mask
+from .normalization import layer_norm
 from .positional import PE_LAYOUTS, sinusoidal_encoding
 from .scoring import additive_scores, dot_scores, general_scores, scaled_dot_scores
 
@@ -18,6 +19,7 @@ __all__ = [
     "combine_masks",
     "dot_scores",
     "general_scores",
+    "layer_norm",
     "masked_softmax",
     "merge_heads",
     "scaled_dot_product_attention",

@@ -3,9 +3,18 @@
 import keras
 import numpy as np
 import pytest
-from _support import BACKEND, DTYPES, LAYER_TOL, assert_close, cast, requires_grad, to_np
+from _support import (
+    BACKEND,
+    DTYPES,
+    LAYER_TOL,
+    assert_close,
+    cast,
+    requires_grad,
+    rounded,
+    to_np,
+)
 
-from multiattn import layers
+from multiattn import layers, ops
 from multiattn import reference as ref
 
 RNG = np.random.default_rng(11)
@@ -100,10 +109,22 @@ def test_encoder_layer_against_oracle(dtype, norm_first):
     want = ref.transformer_encoder_layer(
         x, weights=weights, num_heads=2, norm_first=norm_first, epsilon=1e-6, valid_lens=lens
     )
-    # Keras' LayerNormalization computes float64 at float32 accuracy on the torch and jax
-    # backends (about 5e-7); the attention and feed-forward parts are float64-exact there.
-    f64 = 1e-6 if BACKEND in ("torch", "jax") else 1e-10
-    assert_close(got, want, dtype, {"float64": f64, "float32": 2e-6})
+    assert_close(got, want, dtype, {"float64": 1e-10, "float32": 2e-6})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_against_oracle(dtype):
+    x = RNG.standard_normal((2, 5, 8)) * 3 + 1
+    gamma, beta = RNG.standard_normal(8), RNG.standard_normal(8)
+    want = ref.layer_norm(rounded(x, dtype), rounded(gamma, dtype), rounded(beta, dtype), 1e-6)
+    got = ops.layer_norm(cast(x, dtype), cast(gamma, dtype), cast(beta, dtype), epsilon=1e-6)
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    assert_close(got, want, dtype, {**LAYER_TOL, "float32": 2e-6})
+    layer = layers.LayerNormalization(epsilon=1e-6, dtype=dtype)
+    layer.build(x.shape)
+    layer.gamma.assign(gamma)
+    layer.beta.assign(beta)
+    assert_close(layer(cast(x, dtype)), want, dtype, {**LAYER_TOL, "float32": 2e-6})
 
 
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d in ("float64", "float32")])
