@@ -1,0 +1,470 @@
+"""Declarative conformance cases and their float64 expectations.
+
+A *variant* describes one way of calling an op (inputs, weights and parameters drawn from
+a fixed seed). Every variant is expanded into one case per dtype, named
+``<variant>_<f64|f32|f16|bf16>`` (e.g. ``sdpa_causal_cross_f32``). For each case the
+inputs and weights are rounded to the case's dtype first, then the oracle
+(`multiattn.reference`, float64) computes the expected outputs and, by central
+differences, the gradients of ``sum(output * cotangent)`` with respect to every floating
+input and weight.
+
+Ops and what a target must return (see ``docs/conformance.md``):
+
+* ``masked_softmax``: ``output``.
+* ``dot_scores``, ``scaled_dot_scores``, ``additive_scores``, ``general_scores``: ``output``.
+* ``sdpa``: ``output`` and the attention ``weights``.
+* ``mha``: ``output``, ``weights``; flat projection weights ``W_q (E_q, H*D)`` ...
+  ``W_o (H*Dv, E_out)`` with biases, heads split by ``params["head_layout"]`` and merged
+  contiguously (the PaddlePaddle document's interleaved split uses ``"interleaved"``).
+* ``positional``: ``output = x + P[:T]``.
+* ``encoder``: ``output`` of a Transformer encoder layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from multiattn import reference as ref
+
+DTYPE_SUFFIX = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+ALL_DTYPES = tuple(DTYPE_SUFFIX)
+
+# Max relative error (max |got - want| / max |want|) per dtype: outputs and gradients.
+OP_TOL = {
+    "float64": {"output": 1e-10, "grad": 1e-7},
+    "float32": {"output": 1e-6, "grad": 1e-5},
+    "float16": {"output": 2e-3, "grad": 2e-2},
+    "bfloat16": {"output": 1.6e-2, "grad": 1e-1},
+}
+LAYER_TOL = {
+    "float64": {"output": 1e-10, "grad": 1e-7},
+    "float32": {"output": 5e-6, "grad": 2e-5},
+    "float16": {"output": 1e-2, "grad": 5e-2},
+    "bfloat16": {"output": 6e-2, "grad": 2.5e-1},
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    family: str
+    op: str
+    build: Callable[[np.random.Generator], tuple[dict, dict, dict]]
+    dtypes: tuple[str, ...] = ALL_DTYPES
+    tolerance: dict = field(default_factory=lambda: OP_TOL)
+    grads: bool = True
+
+
+def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    return rng.standard_normal(shape) * scale
+
+
+# --- oracle per op ---------------------------------------------------------------------
+
+
+def _mha_kernels(weights: dict, params: dict) -> dict:
+    """Flat projection matrices -> the oracle's (E, H, D) kernels for the head layout."""
+    h = params["num_heads"]
+    layout = params["head_layout"]
+
+    def heads(w: np.ndarray) -> np.ndarray:
+        e, width = w.shape
+        d = width // h
+        if layout == "contiguous":
+            return w.reshape(e, h, d)
+        return w.reshape(e, d, h).transpose(0, 2, 1)
+
+    def bias(b: np.ndarray) -> np.ndarray:
+        d = b.shape[0] // h
+        return b.reshape(h, d) if layout == "contiguous" else b.reshape(d, h).T
+
+    out = {
+        "query_kernel": heads(weights["W_q"]),
+        "key_kernel": heads(weights["W_k"]),
+        "value_kernel": heads(weights["W_v"]),
+        "output_kernel": weights["W_o"].reshape(h, -1, weights["W_o"].shape[1]),
+    }
+    if "b_q" in weights:
+        out.update(
+            query_bias=bias(weights["b_q"]),
+            key_bias=bias(weights["b_k"]),
+            value_bias=bias(weights["b_v"]),
+            output_bias=weights["b_o"],
+        )
+    return out
+
+
+def _masks(inputs: dict) -> dict:
+    return {k: inputs[k] for k in ("valid_lens", "mask") if k in inputs}
+
+
+def oracle(op: str, inputs: dict, weights: dict, params: dict) -> dict[str, np.ndarray]:
+    """Expected outputs of ``op`` in float64."""
+    if op == "masked_softmax":
+        return {"output": ref.masked_softmax(inputs["x"], **_masks(inputs))}
+    if op == "dot_scores":
+        return {"output": ref.dot_scores(inputs["query"], inputs["key"])}
+    if op == "scaled_dot_scores":
+        return {
+            "output": ref.scaled_dot_scores(inputs["query"], inputs["key"], params.get("scale"))
+        }
+    if op == "additive_scores":
+        return {
+            "output": ref.additive_scores(
+                inputs["query"], inputs["key"], weights["w_q"], weights["w_k"], weights["w_v"]
+            )
+        }
+    if op == "general_scores":
+        return {"output": ref.general_scores(inputs["query"], inputs["key"], weights["w"])}
+    if op == "sdpa":
+        out, w = ref.scaled_dot_product_attention(
+            inputs["query"],
+            inputs["key"],
+            inputs["value"],
+            causal=params.get("causal", False),
+            scale=params.get("scale"),
+            **_masks(inputs),
+        )
+        return {"output": out, "weights": w}
+    if op == "mha":
+        value = inputs["query"] if params.get("self") else inputs["value"]
+        key = value if params.get("self") else inputs.get("key")
+        out, w = ref.multi_head_attention(
+            inputs["query"],
+            value,
+            key,
+            weights=_mha_kernels(weights, params),
+            causal=params.get("causal", False),
+            **_masks(inputs),
+        )
+        return {"output": out, "weights": w}
+    if op == "positional":
+        x = inputs["x"]
+        return {
+            "output": x + ref.sinusoidal_encoding(x.shape[1], x.shape[2], layout=params["layout"])
+        }
+    if op == "encoder":
+        attention = {
+            "W_q": weights["W_q"],
+            "W_k": weights["W_k"],
+            "W_v": weights["W_v"],
+            "W_o": weights["W_o"],
+            "b_q": weights["b_q"],
+            "b_k": weights["b_k"],
+            "b_v": weights["b_v"],
+            "b_o": weights["b_o"],
+        }
+        enc = {
+            "attention": _mha_kernels(attention, {**params, "head_layout": "contiguous"}),
+            "ffn_w1": weights["ffn_w1"],
+            "ffn_b1": weights["ffn_b1"],
+            "ffn_w2": weights["ffn_w2"],
+            "ffn_b2": weights["ffn_b2"],
+            "norm1_gamma": weights["norm1_gamma"],
+            "norm1_beta": weights["norm1_beta"],
+            "norm2_gamma": weights["norm2_gamma"],
+            "norm2_beta": weights["norm2_beta"],
+        }
+        out = ref.transformer_encoder_layer(
+            inputs["x"],
+            weights=enc,
+            num_heads=params["num_heads"],
+            norm_first=params["norm_first"],
+            epsilon=params["epsilon"],
+            activation=params["activation"],
+            **_masks(inputs),
+        )
+        return {"output": out}
+    raise ValueError(f"unknown op {op!r}")
+
+
+# --- variants ----------------------------------------------------------------------------
+
+
+def _softmax(kind: str):
+    def build(rng):
+        x = _normal(rng, 2, 3, 6, scale=2.0)
+        inputs: dict[str, Any] = {"x": x}
+        if kind == "lens_1d":
+            inputs["valid_lens"] = np.array([2, 6], dtype=np.int32)
+        elif kind == "lens_2d":
+            inputs["valid_lens"] = np.array([[1, 4, 6], [3, 2, 5]], dtype=np.int32)
+        elif kind == "zero_lens":
+            inputs["valid_lens"] = np.array([[0, 4, 0], [6, 0, 2]], dtype=np.int32)
+        elif kind == "mask":
+            inputs["mask"] = rng.random((2, 3, 6)) > 0.4
+            inputs["mask"][..., 0] = True
+        elif kind == "all_masked_rows":
+            mask = rng.random((2, 3, 6)) > 0.4
+            mask[0, 1] = False
+            mask[1, 2] = False
+            inputs["mask"] = mask
+            inputs["valid_lens"] = np.array([6, 5], dtype=np.int32)
+        return inputs, {}, {}
+
+    return build
+
+
+def _scores(kind: str):
+    def build(rng):
+        q = _normal(rng, 2, 3, 4)
+        k = _normal(rng, 2, 5, 4 if kind in ("dot", "scaled_dot", "custom_scale") else 6)
+        weights, params = {}, {}
+        if kind == "custom_scale":
+            params["scale"] = 0.35
+        if kind == "additive":
+            weights = {
+                "w_q": _normal(rng, 4, 7, scale=0.5),
+                "w_k": _normal(rng, 6, 7, scale=0.5),
+                "w_v": _normal(rng, 7),
+            }
+        if kind == "general":
+            weights = {"w": _normal(rng, 4, 6, scale=0.5)}
+        return {"query": q, "key": k}, weights, params
+
+    return build
+
+
+def _sdpa(kind: str):
+    def build(rng):
+        tq, tk, d, dv = 4, 4, 4, 4
+        if kind in ("cross", "causal_cross", "mask", "lens_2d"):
+            tk = 6
+        if kind == "causal_more_queries":
+            tq, tk = 6, 3
+        if kind == "value_dim":
+            dv = 3
+        inputs: dict[str, Any] = {
+            "query": _normal(rng, 2, tq, d),
+            "key": _normal(rng, 2, tk, d),
+            "value": _normal(rng, 2, tk, dv),
+        }
+        params: dict[str, Any] = {}
+        if kind.startswith("causal"):
+            params["causal"] = True
+        if kind == "custom_scale":
+            params["scale"] = 0.8
+        if kind == "lens_1d":
+            inputs["valid_lens"] = np.array([3, 0], dtype=np.int32)
+        if kind == "lens_2d":
+            inputs["valid_lens"] = np.array([[0, 2, 6, 1], [6, 6, 0, 3]], dtype=np.int32)
+        if kind == "mask":
+            mask = rng.random((2, tq, tk)) > 0.5
+            mask[1, 3] = False
+            inputs["mask"] = mask
+        return inputs, {}, params
+
+    return build
+
+
+def _mha(kind: str):
+    def build(rng):
+        b, tq, tk, h, d, dv = 2, 4, 5, 2, 3, 3
+        eq = ek = ev = 6
+        eo = 6
+        params: dict[str, Any] = {"num_heads": h, "head_layout": "contiguous"}
+        if kind == "interleaved":
+            params["head_layout"] = "interleaved"
+        if kind == "widths":
+            eq, ek, ev, eo = 5, 4, 7, 3
+        if kind == "value_dim":
+            dv = 4
+        inputs: dict[str, Any] = {
+            "query": _normal(rng, b, tq, eq),
+            "value": _normal(rng, b, tk, ev),
+            "key": _normal(rng, b, tk, ek),
+        }
+        if kind == "self_causal":  # value = key = query: one input, gradients summed over roles
+            tk = tq
+            inputs = {"query": inputs["query"]}
+            params.update(self=True, causal=True)
+            ek = ev = eq
+        inputs["valid_lens"] = np.array([tk, 2], dtype=np.int32)
+        if kind == "masked_rows":
+            inputs["valid_lens"] = np.array([[0, 3, tk, 1], [tk, 0, 2, 0]], dtype=np.int32)
+        weights = {
+            "W_q": _normal(rng, eq, h * d, scale=0.4),
+            "W_k": _normal(rng, ek, h * d, scale=0.4),
+            "W_v": _normal(rng, ev, h * dv, scale=0.4),
+            "W_o": _normal(rng, h * dv, eo, scale=0.4),
+        }
+        if kind != "no_bias":
+            weights.update(
+                b_q=_normal(rng, h * d, scale=0.1),
+                b_k=_normal(rng, h * d, scale=0.1),
+                b_v=_normal(rng, h * dv, scale=0.1),
+                b_o=_normal(rng, eo, scale=0.1),
+            )
+        params.update(key_dim=d, value_dim=dv, output_dim=eo)
+        return inputs, weights, params
+
+    return build
+
+
+def _positional(layout: str):
+    def build(rng):
+        return {"x": _normal(rng, 2, 7, 6)}, {}, {"layout": layout, "max_length": 16}
+
+    return build
+
+
+def _encoder(norm_first: bool):
+    def build(rng):
+        dm, h, dff = 6, 2, 10
+        weights = {
+            "W_q": _normal(rng, dm, dm, scale=0.4),
+            "W_k": _normal(rng, dm, dm, scale=0.4),
+            "W_v": _normal(rng, dm, dm, scale=0.4),
+            "W_o": _normal(rng, dm, dm, scale=0.4),
+            "b_q": _normal(rng, dm, scale=0.1),
+            "b_k": _normal(rng, dm, scale=0.1),
+            "b_v": _normal(rng, dm, scale=0.1),
+            "b_o": _normal(rng, dm, scale=0.1),
+            "ffn_w1": _normal(rng, dm, dff, scale=0.4),
+            "ffn_b1": _normal(rng, dff, scale=0.1),
+            "ffn_w2": _normal(rng, dff, dm, scale=0.4),
+            "ffn_b2": _normal(rng, dm, scale=0.1),
+            "norm1_gamma": 1 + _normal(rng, dm, scale=0.1),
+            "norm1_beta": _normal(rng, dm, scale=0.1),
+            "norm2_gamma": 1 + _normal(rng, dm, scale=0.1),
+            "norm2_beta": _normal(rng, dm, scale=0.1),
+        }
+        params = {
+            "num_heads": h,
+            "d_model": dm,
+            "dff": dff,
+            "norm_first": norm_first,
+            "epsilon": 1e-6,
+            "activation": "relu",
+        }
+        inputs = {"x": _normal(rng, 2, 5, dm), "valid_lens": np.array([5, 3], dtype=np.int32)}
+        return inputs, weights, params
+
+    return build
+
+
+VARIANTS: list[Variant] = [
+    *(
+        Variant(f"masked_softmax_{k}", "masked_softmax", "masked_softmax", _softmax(k))
+        for k in ("plain", "lens_1d", "lens_2d", "zero_lens", "mask", "all_masked_rows")
+    ),
+    Variant("scores_dot", "scores", "dot_scores", _scores("dot")),
+    Variant("scores_scaled_dot", "scores", "scaled_dot_scores", _scores("scaled_dot")),
+    Variant(
+        "scores_scaled_dot_custom_scale", "scores", "scaled_dot_scores", _scores("custom_scale")
+    ),
+    Variant("scores_additive", "scores", "additive_scores", _scores("additive")),
+    Variant("scores_general", "scores", "general_scores", _scores("general")),
+    *(
+        Variant(f"sdpa_{k}", "sdpa", "sdpa", _sdpa(k))
+        for k in (
+            "self",
+            "cross",
+            "causal_self",
+            "causal_cross",
+            "causal_more_queries",
+            "custom_scale",
+            "lens_1d",
+            "lens_2d",
+            "mask",
+            "value_dim",
+        )
+    ),
+    *(
+        Variant(f"mha_{k}", "mha", "mha", _mha(k), tolerance=LAYER_TOL)
+        for k in (
+            "contiguous",
+            "interleaved",
+            "widths",
+            "value_dim",
+            "no_bias",
+            "self_causal",
+            "masked_rows",
+        )
+    ),
+    Variant("positional_interleaved", "positional", "positional", _positional("interleaved")),
+    Variant("positional_concatenated", "positional", "positional", _positional("concatenated")),
+    Variant("encoder_post_ln", "encoder", "encoder", _encoder(False), tolerance=LAYER_TOL),
+    Variant("encoder_pre_ln", "encoder", "encoder", _encoder(True), tolerance=LAYER_TOL),
+]
+
+
+def seed_of(name: str) -> int:
+    """A fixed seed per variant, independent of the variant's position in the list."""
+    return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") % (2**31) + len(name)
+
+
+def numeric_gradients(
+    fn: Callable[[dict], float], arrays: dict[str, np.ndarray], eps: float = 1e-6
+) -> dict[str, np.ndarray]:
+    """Central differences of the float64 scalar ``fn`` with respect to each array."""
+    grads = {}
+    for name, arr in arrays.items():
+        grad = np.zeros_like(arr)
+        for idx in np.ndindex(arr.shape):
+            saved = arr[idx]
+            arr[idx] = saved + eps
+            plus = fn(arrays)
+            arr[idx] = saved - eps
+            minus = fn(arrays)
+            arr[idx] = saved
+            grad[idx] = (plus - minus) / (2 * eps)
+        grads[name] = grad
+    return grads
+
+
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """``x`` rounded to ``dtype`` (bfloat16 through ml_dtypes), returned as float64."""
+    if x.dtype.kind != "f":
+        return x
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return x.astype(ml_dtypes.bfloat16).astype(np.float64)
+    return x.astype(dtype).astype(np.float64)
+
+
+def expand(variant: Variant) -> list[dict]:
+    """The cases of one variant: rounded inputs, expected outputs and gradients per dtype."""
+    inputs, weights, params = variant.build(np.random.default_rng(seed_of(variant.name)))
+    cases = []
+    for dtype in variant.dtypes:
+        ins = {k: round_to(v, dtype) for k, v in inputs.items()}
+        ws = {k: round_to(v, dtype) for k, v in weights.items()}
+        expected = oracle(variant.op, ins, ws, params)
+        cot_rng = np.random.default_rng(seed_of(variant.name) + 1)
+        cotangent = cot_rng.standard_normal(expected["output"].shape)
+        grads = {}
+        if variant.grads:
+            floats = {f"input/{k}": v.copy() for k, v in ins.items() if v.dtype.kind == "f"}
+            floats.update({f"weight/{k}": v.copy() for k, v in ws.items()})
+
+            def loss(arrays: dict, ins=ins, ws=ws, cotangent=cotangent) -> float:
+                i = {k: arrays.get(f"input/{k}", v) for k, v in ins.items()}
+                w = {k: arrays.get(f"weight/{k}", v) for k, v in ws.items()}
+                return float((oracle(variant.op, i, w, params)["output"] * cotangent).sum())
+
+            grads = {f"grad/{k}": g for k, g in numeric_gradients(loss, floats).items()}
+        cases.append(
+            {
+                "name": f"{variant.name}_{DTYPE_SUFFIX[dtype]}",
+                "variant": variant.name,
+                "family": variant.family,
+                "op": variant.op,
+                "dtype": dtype,
+                "params": params,
+                "tolerance": dict(variant.tolerance[dtype]),
+                "arrays": {
+                    **{f"input/{k}": v for k, v in ins.items()},
+                    **{f"weight/{k}": v for k, v in ws.items()},
+                    **{f"expected/{k}": v for k, v in expected.items()},
+                    "cotangent": cotangent,
+                    **grads,
+                },
+            }
+        )
+    return cases

@@ -1,0 +1,86 @@
+"""Generate the conformance fixtures from the float64 oracle, or check them.
+
+    python -m multiattn.conformance.generate            # (re)write conformance/fixtures
+    python -m multiattn.conformance.generate --check    # regenerate in memory, fail on drift
+
+Seeds are fixed per variant, so generation is deterministic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from multiattn import reference
+
+from . import fixtures
+from .cases import VARIANTS, expand
+
+
+def build_all() -> list[dict]:
+    return [case for variant in VARIANTS for case in expand(variant)]
+
+
+def check(directory: Path) -> list[str]:
+    """Differences between the committed fixtures and a fresh generation (empty: none)."""
+    problems = []
+    fresh = {c["name"]: c for c in build_all()}
+    manifest = fixtures.read_manifest(directory)
+    if manifest["oracle_version"] != reference.ORACLE_VERSION:
+        problems.append(
+            f"oracle version {manifest['oracle_version']} != {reference.ORACLE_VERSION}"
+        )
+    stored = {c.name: c for c in fixtures.load(directory)}
+    for name in sorted(set(fresh) ^ set(stored)):
+        problems.append(
+            f"{name}: {'missing from' if name in fresh else 'not generated but in'} the fixtures"
+        )
+    meta = {c["name"]: c for c in manifest["cases"]}
+    for name in sorted(set(fresh) & set(stored)):
+        new, old = fresh[name], stored[name]
+        for key in ("params", "tolerance", "family", "op", "dtype"):
+            if new[key] != meta[name][key]:
+                problems.append(f"{name}: {key} changed ({meta[name][key]!r} -> {new[key]!r})")
+        old_arrays = {f"input/{k}": v for k, v in old.inputs.items()}
+        old_arrays.update({f"weight/{k}": v for k, v in old.weights.items()})
+        old_arrays.update({f"expected/{k}": v for k, v in old.expected.items()})
+        old_arrays.update({f"grad/{k}": v for k, v in old.grads.items()})
+        old_arrays["cotangent"] = old.cotangent
+        for key in sorted(set(new["arrays"]) | set(old_arrays)):
+            a, b = new["arrays"].get(key), old_arrays.get(key)
+            if a is None or b is None or a.shape != b.shape or not np.array_equal(a, b):
+                problems.append(f"{name}: array {key} differs")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m multiattn.conformance.generate")
+    parser.add_argument("--check", action="store_true", help="regenerate in memory and compare")
+    parser.add_argument("--out", type=Path, default=fixtures.DEFAULT_DIR, help="fixture directory")
+    args = parser.parse_args(argv)
+    if args.check:
+        problems = check(args.out)
+        for line in problems:
+            print(f"drift: {line}")
+        print("fixtures match the oracle" if not problems else f"{len(problems)} difference(s)")
+        return 1 if problems else 0
+    with tempfile.TemporaryDirectory(
+        dir=args.out.parent if args.out.parent.exists() else None
+    ) as tmp:
+        manifest = fixtures.write(build_all(), Path(tmp), reference.ORACLE_VERSION)
+        args.out.mkdir(parents=True, exist_ok=True)
+        for old in args.out.glob("*.npz"):
+            old.unlink()
+        for path in Path(tmp).iterdir():
+            path.replace(args.out / path.name)
+    size = sum(p.stat().st_size for p in args.out.iterdir())
+    print(f"wrote {len(manifest['cases'])} cases to {args.out} ({size / 1024:.0f} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

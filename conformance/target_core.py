@@ -1,0 +1,220 @@
+"""The core (`multiattn.ops` and `multiattn.layers`) on the running Keras backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .autodiff import value_and_grad
+from .fixtures import Case
+
+CORE_OPS = {
+    "masked_softmax",
+    "dot_scores",
+    "scaled_dot_scores",
+    "additive_scores",
+    "general_scores",
+    "sdpa",
+    "mha",
+    "positional",
+    "encoder",
+}
+
+
+class CoreTarget:
+    """Runs every core case through multiattn under the active Keras backend."""
+
+    def __init__(self) -> None:
+        import keras
+
+        self.keras = keras
+        self.backend = keras.backend.backend()
+        self.name = f"keras-{self.backend}"
+
+    def supports(self, case: Case) -> bool | str:
+        if case.op not in CORE_OPS:
+            return "not a core op"
+        if self.backend == "numpy" and case.dtype == "float64":
+            return "Keras' numpy backend computes float64 arithmetic in float32"
+        return True
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def tensor(self, array: np.ndarray, dtype: str) -> Any:
+        if array.dtype.kind != "f":
+            return array
+        source = array if dtype == "float64" else array.astype(np.float32)
+        return self.keras.ops.convert_to_tensor(source, dtype=dtype)
+
+    def _heads(self, w: Any, h: int, layout: str) -> Any:
+        ops = self.keras.ops
+        e, width = w.shape
+        if layout == "contiguous":
+            return ops.reshape(w, (e, h, width // h))
+        return ops.transpose(ops.reshape(w, (e, width // h, h)), (0, 2, 1))
+
+    def _bias(self, b: Any, h: int, layout: str) -> Any:
+        ops = self.keras.ops
+        if layout == "contiguous":
+            return ops.reshape(b, (h, -1))
+        return ops.transpose(ops.reshape(b, (-1, h)), (1, 0))
+
+    def _mha_values(self, ws: dict, params: dict, layout: str) -> dict:
+        h = params["num_heads"]
+        out = {
+            "query_kernel": self._heads(ws["W_q"], h, layout),
+            "key_kernel": self._heads(ws["W_k"], h, layout),
+            "value_kernel": self._heads(ws["W_v"], h, layout),
+            "output_kernel": self.keras.ops.reshape(ws["W_o"], (h, -1, ws["W_o"].shape[-1])),
+        }
+        if "b_q" in ws:
+            out.update(
+                query_bias=self._bias(ws["b_q"], h, layout),
+                key_bias=self._bias(ws["b_k"], h, layout),
+                value_bias=self._bias(ws["b_v"], h, layout),
+                output_bias=ws["b_o"],
+            )
+        return out
+
+    @staticmethod
+    def _ordered(layer: Any, by_suffix: dict) -> list:
+        values = []
+        for v in layer.trainable_variables:
+            key = next(k for k in by_suffix if v.path.endswith(k))
+            values.append(by_suffix[key])
+        return values
+
+    # -- the ops --------------------------------------------------------------------------
+
+    def _forward(self, case: Case) -> Any:
+        """A function of the float arrays returning the outputs of ``case.op``."""
+        from multiattn import layers, ops
+
+        p, dtype = case.params, case.dtype
+        masks = {k: case.inputs[k] for k in ("valid_lens", "mask") if k in case.inputs}
+        if case.op == "masked_softmax":
+            return lambda a: {"output": ops.masked_softmax(a["input/x"], **masks)}
+        if case.op == "dot_scores":
+            return lambda a: {"output": ops.dot_scores(a["input/query"], a["input/key"])}
+        if case.op == "scaled_dot_scores":
+            return lambda a: {
+                "output": ops.scaled_dot_scores(a["input/query"], a["input/key"], p.get("scale"))
+            }
+        if case.op == "additive_scores":
+            return lambda a: {
+                "output": ops.additive_scores(
+                    a["input/query"],
+                    a["input/key"],
+                    a["weight/w_q"],
+                    a["weight/w_k"],
+                    a["weight/w_v"],
+                )
+            }
+        if case.op == "general_scores":
+            return lambda a: {
+                "output": ops.general_scores(a["input/query"], a["input/key"], a["weight/w"])
+            }
+        if case.op == "sdpa":
+
+            def sdpa(a):
+                args = (a["input/query"], a["input/key"], a["input/value"])
+                kw = dict(causal=p.get("causal", False), scale=p.get("scale"), **masks)
+                fused = ops.scaled_dot_product_attention(*args, **kw)
+                _, weights = ops.scaled_dot_product_attention(*args, return_weights=True, **kw)
+                return {"output": fused, "weights": weights}
+
+            return sdpa
+        if case.op == "positional":
+            layer = layers.PositionalEncoding(p["max_length"], layout=p["layout"], dtype=dtype)
+            return lambda a: {"output": layer(a["input/x"])}
+        if case.op == "mha":
+            q = case.inputs["query"]
+            v = q if p.get("self") else case.inputs["value"]
+            k = v if p.get("self") else case.inputs.get("key", v)
+            layer = layers.MultiHeadAttention(
+                p["num_heads"],
+                p["key_dim"],
+                value_dim=p["value_dim"],
+                output_dim=p["output_dim"],
+                use_bias="b_q" in case.weights,
+                dtype=dtype,
+            )
+            layer.build(q.shape, v.shape, k.shape)
+
+            def mha(a):
+                ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
+                values = self._ordered(layer, self._mha_values(ws, p, p["head_layout"]))
+                nt = [x.value for x in layer.non_trainable_variables]
+                query = a["input/query"]
+                value = query if p.get("self") else a["input/value"]
+                key = value if p.get("self") else a.get("input/key", value)
+                kw = dict(causal=p.get("causal", False), **masks)
+                fused, _ = layer.stateless_call(values, nt, query, value, key, **kw)
+                (_, weights), _ = layer.stateless_call(
+                    values, nt, query, value, key, return_weights=True, **kw
+                )
+                return {"output": fused, "weights": weights}
+
+            return mha
+        if case.op == "encoder":
+            x = case.inputs["x"]
+            layer = layers.TransformerEncoderLayer(
+                p["d_model"],
+                p["num_heads"],
+                p["dff"],
+                norm_first=p["norm_first"],
+                epsilon=p["epsilon"],
+                activation=p["activation"],
+                dtype=dtype,
+            )
+            layer.build(x.shape)
+
+            def encoder(a):
+                ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
+                by_suffix = {
+                    f"attention/{k}": t for k, t in self._mha_values(ws, p, "contiguous").items()
+                }
+                by_suffix.update(
+                    {
+                        "ffn_1/kernel": ws["ffn_w1"],
+                        "ffn_1/bias": ws["ffn_b1"],
+                        "ffn_2/kernel": ws["ffn_w2"],
+                        "ffn_2/bias": ws["ffn_b2"],
+                        "norm_1/gamma": ws["norm1_gamma"],
+                        "norm_1/beta": ws["norm1_beta"],
+                        "norm_2/gamma": ws["norm2_gamma"],
+                        "norm_2/beta": ws["norm2_beta"],
+                    }
+                )
+                nt = [x.value for x in layer.non_trainable_variables]
+                out, _ = layer.stateless_call(
+                    self._ordered(layer, by_suffix), nt, a["input/x"], **masks
+                )
+                return {"output": out}
+
+            return encoder
+        raise ValueError(f"unsupported op {case.op!r}")
+
+    def run(self, case: Case) -> dict[str, np.ndarray]:
+        ops = self.keras.ops
+        forward = self._forward(case)
+        args = {
+            f"input/{k}": self.tensor(v, case.dtype)
+            for k, v in case.inputs.items()
+            if v.dtype.kind == "f"
+        }
+        args.update({f"weight/{k}": self.tensor(v, case.dtype) for k, v in case.weights.items()})
+        acc = "float64" if case.dtype == "float64" else "float32"
+        cot = ops.convert_to_tensor(case.cotangent, dtype=acc)
+
+        def fn(a):
+            outputs = forward(a)
+            loss = ops.sum(ops.cast(outputs["output"], acc) * cot)
+            return loss, outputs
+
+        framework = self.backend if self.backend != "numpy" else "none"
+        outputs, grads = value_and_grad(framework, fn, args)
+        result = dict(outputs)
+        result.update({f"grad/{k}": g for k, g in grads.items()})
+        return result

@@ -1,0 +1,142 @@
+"""One conformance target in its own process; prints one JSON line per event.
+
+    python -m multiattn.conformance.worker --target keras-jax [--fixtures DIR] [--cases GLOB]
+
+Events: ``{"event": "start", "target", "total"}``, ``{"event": "case", "case", "family",
+"dtype", "status", "metrics" | "reason"}`` for every case, ``{"event": "done"}``. Status is
+``pass``, ``fail``, ``skip`` (the target does not support the case) or ``error`` (it raised).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib
+import json
+import sys
+import traceback
+from typing import Any
+
+import numpy as np
+
+from . import fixtures
+
+
+def emit(**event: Any) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def compare(
+    case: fixtures.Case, result: dict[str, np.ndarray], overrides: dict[str, float]
+) -> dict:
+    """Max absolute and relative error of every expected array; pass/fail against tolerances.
+
+    Relative error is ``max|got - want| / max|want|`` for outputs; for gradients the
+    denominator is the largest expected gradient of the case, since some gradients are
+    exactly zero (the key bias never changes a softmax) and have no scale of their own.
+    """
+    metrics = {}
+    grad_scale = max((float(np.abs(g).max(initial=0.0)) for g in case.grads.values()), default=0.0)
+    passed = True
+    tolerance = {**case.tolerance, **overrides}
+    expected = {**case.expected, **{f"grad/{k}": v for k, v in case.grads.items()}}
+    for key, want in expected.items():
+        if key not in result:
+            if key.startswith("grad/") and not any(k.startswith("grad/") for k in result):
+                continue  # the target computes no gradients (inference-only framework)
+            metrics[key] = {"missing": True}
+            passed = False
+            continue
+        got = np.asarray(result[key], dtype=np.float64)
+        if got.shape != want.shape:
+            metrics[key] = {"shape": list(got.shape), "expected_shape": list(want.shape)}
+            passed = False
+            continue
+        diff = np.abs(got - want)
+        max_abs = float(diff.max(initial=0.0)) if np.all(np.isfinite(got)) else float("inf")
+        scale = grad_scale if key.startswith("grad/") else float(np.abs(want).max(initial=0.0))
+        max_rel = max_abs / scale if scale > 0 else max_abs
+        tol = tolerance["grad" if key.startswith("grad/") else "output"]
+        ok = max_rel <= tol
+        passed &= ok
+        metrics[key] = {"max_abs": max_abs, "max_rel": max_rel, "tol": tol, "ok": ok}
+    return {"passed": passed, "metrics": metrics}
+
+
+def apply_strict(framework: str) -> None:
+    """Deterministic kernels, highest matmul precision, no TF32."""
+    if framework == "jax":
+        import jax
+
+        jax.config.update("jax_default_matmul_precision", "highest")
+    elif framework == "torch":
+        import torch
+
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    elif framework == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+
+
+def load_target(spec: str) -> Any:
+    module, _, attr = spec.partition(":")
+    obj = getattr(importlib.import_module(module), attr or "Target")
+    target = obj() if isinstance(obj, type) or not hasattr(obj, "run") else obj
+    if callable(target) and not hasattr(target, "run"):  # a plain function run(case) -> dict
+        fn = target
+        target = type(
+            "FunctionTarget",
+            (),
+            {"name": spec, "run": staticmethod(fn), "supports": staticmethod(lambda c: True)},
+        )()
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m multiattn.conformance.worker")
+    parser.add_argument("--target", required=True, help="module:callable of the target")
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--fixtures", default=None)
+    parser.add_argument("--cases", default="*")
+    parser.add_argument("--tolerance", default="{}", help="JSON {dtype: {output|grad: tol}}")
+    parser.add_argument("--strict", default="", help="framework to make deterministic")
+    args = parser.parse_args(argv)
+    if args.strict:
+        apply_strict(args.strict)
+    target = load_target(args.target)
+    name = args.name or getattr(target, "name", args.target)
+    patterns = [p.strip() for p in args.cases.split(",") if p.strip()]
+    cases = [
+        c for c in fixtures.load(args.fixtures) if any(fnmatch.fnmatch(c.name, p) for p in patterns)
+    ]
+    overrides = json.loads(args.tolerance)
+    emit(event="start", target=name, total=len(cases))
+    for case in cases:
+        base = {"event": "case", "case": case.name, "family": case.family, "dtype": case.dtype}
+        support = target.supports(case) if hasattr(target, "supports") else True
+        if support is not True:
+            emit(**base, status="skip", reason=str(support or "not supported"))
+            continue
+        try:
+            result = target.run(case)
+            verdict = compare(case, result, overrides.get(case.dtype, {}))
+        except Exception as err:  # reported, never fatal for the other cases
+            emit(
+                **base,
+                status="error",
+                reason=f"{type(err).__name__}: {err}",
+                trace=traceback.format_exc()[-3000:],
+            )
+            continue
+        emit(**base, status="pass" if verdict["passed"] else "fail", metrics=verdict["metrics"])
+    emit(event="done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
