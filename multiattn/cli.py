@@ -18,6 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--backends", default="jax,torch,tensorflow,numpy", help="comma-separated Keras backends"
     )
+    sub.add_parser("conformance", help="run the cross-framework conformance suite", add_help=False)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["conformance"]:
+        from multiattn.conformance.runner import main as conformance_main
+
+        return conformance_main(argv[1:])
     args = parser.parse_args(argv)
     if args.version:
         from importlib.metadata import version

@@ -10,7 +10,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .._checks import as_array, check_float, check_rank, check_scale, fmt_shape, shape_of
+from .._checks import (
+    HALF_DTYPES,
+    as_array,
+    check_float,
+    check_rank,
+    check_scale,
+    fmt_shape,
+    shape_of,
+)
 from .._namespace import get_ops
 
 __all__ = ["additive_scores", "dot_scores", "general_scores", "scaled_dot_scores"]
@@ -111,13 +119,12 @@ def additive_scores(query: Any, key: Any, w_q: Any, w_k: Any, w_v: Any) -> Any:
     w_q = _check_weight(where, "w_q", w_q, ops, (qs[-1], units), dtype)
     w_k = _check_weight(where, "w_k", w_k, ops, (ks[-1], units), dtype)
     w_v = _check_weight(where, "w_v", w_v, ops, (units,), dtype)
-    q_features = ops.expand_dims(
-        ops.einsum("...qd,du->...qu", query, w_q), -2
-    )  # (..., queries, 1, units)
-    k_features = ops.expand_dims(
-        ops.einsum("...kd,du->...ku", key, w_k), -3
-    )  # (..., 1, keys, units)
-    return ops.einsum("...qku,u->...qk", ops.tanh(q_features + k_features), w_v)
+    if dtype in HALF_DTYPES:  # the tanh features are accumulated in float32
+        query, key, w_q, w_k, w_v = (ops.cast(t, "float32") for t in (query, key, w_q, w_k, w_v))
+    q_features = ops.expand_dims(ops.einsum("...qd,du->...qu", query, w_q), -2)
+    k_features = ops.expand_dims(ops.einsum("...kd,du->...ku", key, w_k), -3)
+    scores = ops.einsum("...qku,u->...qk", ops.tanh(q_features + k_features), w_v)
+    return ops.cast(scores, dtype) if dtype in HALF_DTYPES else scores
 
 
 def general_scores(query: Any, key: Any, w: Any) -> Any:

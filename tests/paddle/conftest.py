@@ -1,8 +1,14 @@
 """Paddle worker: runs with no Keras backend chosen, so the Paddle adapter picks Keras'
 numpy backend; paddle is imported first (importing it after TensorFlow segfaults)."""
 
-import paddle  # noqa: F401  (first, before anything that could load TensorFlow)
-import pytest
+import os
+
+# Recorded before anything below can choose a backend (the adapter sets KERAS_BACKEND).
+KERAS_BACKEND_AT_START = os.environ.get("KERAS_BACKEND")
+
+import multiattn.backends.paddle  # noqa: E402, F401  (registers the namespace, picks numpy)
+import paddle  # noqa: E402, F401  (first, before anything that could load TensorFlow)
+import pytest  # noqa: E402
 
 
 def pytest_generate_tests(metafunc):
@@ -13,3 +19,9 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture(autouse=True)
 def backend():  # replaced by the parametrisation above; kept so every test gets the id
     return "paddle"
+
+
+@pytest.fixture
+def keras_backend_at_start():
+    """``KERAS_BACKEND`` as the worker process received it (None: unset)."""
+    return KERAS_BACKEND_AT_START

@@ -1,0 +1,648 @@
+"""The ``keras.ops`` subset the multiattn core uses, implemented on Paddle tensors.
+
+Keras has no Paddle backend. The core reaches every array operation through
+`multiattn._namespace.get_ops`, so a namespace object whose methods have the
+``keras.ops`` signatures and semantics, registered for ``paddle.Tensor``, makes the
+unchanged core run on Paddle tensors (with Paddle autograd). This module holds that
+object, `PaddleNamespace`; `multiattn.backends.paddle` registers it.
+
+Semantics follow ``keras.ops`` with two deliberate differences:
+
+* Dtypes follow Keras' promotion lattice *with 64-bit types kept* (as Keras' JAX backend
+  with ``JAX_ENABLE_X64`` or its TensorFlow backend do): float64 stays float64 and int64
+  stays int64, where Keras' numpy backend would narrow them to 32 bits. Python scalars
+  are weak (``float32_tensor * 0.5`` stays float32; an integer tensor with a Python float
+  becomes float32).
+* Paddle has no ``uint16``/``uint32``/``uint64``; ``sum`` of ``uint8`` gives ``int64``
+  where Keras gives ``uint32``.
+
+Paddle's CPU kernels lack many float16/bfloat16 and small-integer variants (no
+float16 ``softmax``, ``tanh``, ``max``, ``einsum``, ``where``; no int8 ``max``; no
+integer ``einsum``). Such operations are computed in a wider carrier dtype that holds
+every value exactly (float32 for half precision, int32/int64 for small integers) and the
+result is cast back, so results keep the dtype ``keras.ops`` would give.
+
+Import order: importing paddle after TensorFlow in one process crashes (paddle 3.3,
+tensorflow 2.21), so this module refuses to import paddle when TensorFlow is already
+loaded and paddle is not.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PaddleNamespace", "check_import_order"]
+
+
+def check_import_order() -> None:
+    """Raise ImportError when importing paddle now would crash the process.
+
+    Importing paddle (3.3) after tensorflow (2.21) in one process ends in a segmentation
+    fault; paddle first is fine.
+    """
+    if "tensorflow" in sys.modules and "paddle" not in sys.modules:
+        raise ImportError(
+            "multiattn.backends.paddle: TensorFlow is already imported but Paddle is not. "
+            "Importing paddle after tensorflow in one process crashes it with a "
+            "segmentation fault (paddle 3.3, tensorflow 2.21). Import paddle (or "
+            "multiattn.backends.paddle) first, before anything that loads TensorFlow "
+            "(tensorflow itself, or Keras with KERAS_BACKEND=tensorflow)."
+        )
+
+
+check_import_order()
+
+import paddle  # noqa: E402  (only after the import-order check)
+
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_HALF = ("float16", "bfloat16")
+_SIGNED = ("int8", "int16", "int32", "int64")
+_UNSIGNED = ("uint8",)  # Paddle's only unsigned integer type
+_KNOWN = ("bool", *_SIGNED, *_UNSIGNED, *_FLOATS)
+_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8}
+_FLOAT_RANK = {"float16": 1, "bfloat16": 1, "float32": 2, "float64": 3}
+_ALIASES = {
+    "int": "int32",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "bool_": "bool",
+}
+_DEFAULT_INT = "int32"  # Keras: a Python int becomes int32
+_DEFAULT_FLOAT = "float32"  # Keras' floatx
+
+# Carrier dtypes: a dtype Paddle's CPU kernels support that holds every value exactly.
+_FLOAT_CARRIER = {"float16": "float32", "bfloat16": "float32"}
+_SMALL_INT_CARRIER = {"bool": "int32", "int8": "int32", "int16": "int32", "uint8": "int32"}
+_WHERE_CARRIER = {**_FLOAT_CARRIER, "int8": "int32", "int16": "int32", "uint8": "int32"}
+_ANY_CARRIER = {**_FLOAT_CARRIER, **_SMALL_INT_CARRIER}
+
+
+def standardize_dtype(dtype: Any) -> str:
+    """A dtype spec (name, Paddle dtype, NumPy dtype, Python type) as a standard name."""
+    if dtype is bool:
+        return "bool"
+    if dtype is int:
+        return _DEFAULT_INT
+    if dtype is float:
+        return _DEFAULT_FLOAT
+    if isinstance(dtype, str):
+        name = dtype.removeprefix("paddle.")
+    elif isinstance(dtype, paddle.dtype):
+        name = str(dtype).removeprefix("paddle.")
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            from paddle.base.data_feeder import convert_dtype  # legacy VarType dtypes
+
+            name = convert_dtype(dtype)
+    name = _ALIASES.get(name, name)
+    if name not in _KNOWN:
+        raise TypeError(f"PaddleNamespace: unsupported dtype {dtype!r}.")
+    return name
+
+
+def _promote_pair(a: str, b: str) -> str:
+    """Least upper bound of two strong dtype names (Keras/JAX lattice, 64-bit kept)."""
+    if a == b:
+        return a
+    if a == "bool":
+        return b
+    if b == "bool":
+        return a
+    a_float, b_float = a in _FLOATS, b in _FLOATS
+    if a_float and b_float:
+        if _FLOAT_RANK[a] == _FLOAT_RANK[b]:  # float16 with bfloat16
+            return "float32"
+        return a if _FLOAT_RANK[a] > _FLOAT_RANK[b] else b
+    if a_float:
+        return a
+    if b_float:
+        return b
+    a_signed, b_signed = a in _SIGNED, b in _SIGNED
+    if a_signed == b_signed:
+        return a if _BITS[a] >= _BITS[b] else b
+    signed, unsigned = (a, b) if a_signed else (b, a)
+    return f"int{max(_BITS[signed], 2 * _BITS[unsigned])}"
+
+
+def result_type(*items: Any) -> str:
+    """Result dtype of combining ``items``: dtype names (strong) or Python types (weak).
+
+    A weak Python ``int`` takes the dtype of a strong integer or float partner (int32
+    alone or with bool); a weak ``float`` takes the dtype of a strong float partner
+    (float32 otherwise); a weak ``bool`` never widens anything.
+    """
+    strong = [i for i in items if isinstance(i, str)]
+    weak = {i for i in items if not isinstance(i, str)}
+    out = None
+    for name in strong:
+        out = name if out is None else _promote_pair(out, name)
+    if float in weak and (out is None or out not in _FLOATS):
+        out = _DEFAULT_FLOAT
+    elif int in weak and (out is None or out == "bool"):
+        out = _DEFAULT_INT
+    elif out is None:
+        out = "bool"
+    return out
+
+
+def _axis_arg(axis: Any) -> Any:
+    """A Keras axis (None, int, tuple) as Paddle takes it (None, int, list)."""
+    if axis is None or isinstance(axis, (int, np.integer)):
+        return None if axis is None else int(axis)
+    return [int(a) for a in axis]
+
+
+class PaddleNamespace:
+    """``keras.ops`` semantics on ``paddle.Tensor``: the subset the multiattn core uses.
+
+    Every method accepts Paddle tensors, NumPy arrays and Python scalars where
+    ``keras.ops`` does, and returns Paddle tensors (dygraph). Gradients flow through
+    every floating operation (Paddle autograd); `stop_gradient` cuts them. There is no
+    ``fused_attention``, so the core takes its explicit attention path.
+    """
+
+    name = "paddle"
+
+    # --- conversion and dtypes -----------------------------------------------------------
+
+    def _weak_or_name(self, x: Any) -> Any:
+        """The dtype name of ``x``, or its Python type when ``x`` is a Python scalar."""
+        if type(x) in (bool, int, float):
+            return type(x)
+        return self.dtype_name(x)
+
+    def dtype_name(self, x: Any) -> str:
+        """The standardised dtype name of ``x`` (``"float32"``, ``"bool"``, ``"int64"``...).
+
+        Python scalars and lists report the dtype `convert_to_tensor` gives them.
+        """
+        dtype = getattr(x, "dtype", None)
+        if dtype is not None:
+            return standardize_dtype(dtype)
+        return self._infer_dtype(x)
+
+    def _infer_dtype(self, x: Any) -> str:
+        """The dtype ``keras.ops.convert_to_tensor`` gives a non-tensor ``x``."""
+        if isinstance(x, (np.ndarray, np.generic)):
+            return standardize_dtype(x.dtype)
+        if isinstance(x, (list, tuple)):
+            leaves: list[Any] = []
+            stack = list(x)
+            while stack:
+                item = stack.pop()
+                if isinstance(item, (list, tuple)):
+                    stack.extend(item)
+                else:
+                    leaves.append(self._weak_or_name(item))
+            return result_type(*leaves) if leaves else _DEFAULT_FLOAT
+        return result_type(self._weak_or_name(x))
+
+    def _t(self, x: Any, dtype: str | None = None) -> paddle.Tensor:
+        """``x`` as a Paddle tensor, cast to ``dtype`` when given."""
+        if isinstance(x, paddle.Tensor):
+            if dtype is not None and self.dtype_name(x) != dtype:
+                return x.astype(dtype)
+            return x
+        if dtype is None:
+            dtype = self._infer_dtype(x)
+        if isinstance(x, (list, tuple)) and any(isinstance(i, paddle.Tensor) for i in x):
+            return paddle.stack([self._t(i, dtype) for i in x])
+        arr = np.asarray(x)
+        if dtype == "bfloat16":  # NumPy has no native bfloat16: go through float32
+            return paddle.to_tensor(arr.astype(np.float32)).astype("bfloat16")
+        return paddle.to_tensor(arr.astype(dtype, copy=False))
+
+    def _bool(self, x: Any) -> paddle.Tensor:
+        return self._t(x, "bool")
+
+    def convert_to_tensor(
+        self, x: Any, dtype: Any = None, sparse: bool | None = None, ragged: bool | None = None
+    ) -> paddle.Tensor:
+        """``x`` as a Paddle tensor (NumPy dtypes kept; Python floats -> float32, ints ->
+        int32, as in Keras)."""
+        if sparse or ragged:
+            raise ValueError("PaddleNamespace.convert_to_tensor: no sparse or ragged tensors.")
+        return self._t(x, None if dtype is None else standardize_dtype(dtype))
+
+    def convert_to_numpy(self, x: Any) -> np.ndarray:
+        """``x`` as a NumPy array (bfloat16 as ``ml_dtypes.bfloat16``, as Keras does)."""
+        if not isinstance(x, paddle.Tensor):
+            return np.asarray(x)
+        if self.dtype_name(x) == "bfloat16":
+            arr = x.astype("float32").numpy()
+            try:
+                import ml_dtypes
+            except ImportError:  # pragma: no cover - ml_dtypes ships with Keras
+                return arr
+            return arr.astype(ml_dtypes.bfloat16)
+        return np.asarray(x.numpy())
+
+    def cast(self, x: Any, dtype: Any) -> paddle.Tensor:
+        """``x`` in ``dtype`` (float -> int truncates toward zero; non-zero -> True)."""
+        return self._t(x, standardize_dtype(dtype))
+
+    def is_symbolic(self, x: Any) -> bool:
+        """True for a static-graph value (PIR ``Value`` or legacy ``Variable``); False for
+        dygraph tensors, NumPy arrays and Python scalars."""
+        if isinstance(x, paddle.Tensor):  # eager (dygraph) tensors hold values
+            return False
+        pir_value = getattr(getattr(paddle, "pir", None), "Value", None)
+        if pir_value is not None and isinstance(x, pir_value):
+            return True
+        # paddle.static.Variable's isinstance also accepts eager tensors: checked above.
+        return not paddle.in_dynamic_mode() and isinstance(x, paddle.static.Variable)
+
+    # --- carriers ------------------------------------------------------------------------
+
+    @staticmethod
+    def _carried(
+        x: paddle.Tensor, dtype: str, fn: Callable[[paddle.Tensor], paddle.Tensor], carrier: dict
+    ) -> paddle.Tensor:
+        """``fn(x)`` computed in ``carrier.get(dtype, dtype)`` and cast back to ``dtype``."""
+        wide = carrier.get(dtype)
+        if wide is None:
+            return fn(x)
+        return fn(x.astype(wide)).astype(dtype)
+
+    # --- shapes --------------------------------------------------------------------------
+
+    def shape(self, x: Any) -> tuple[int, ...]:
+        """The shape of ``x`` as a tuple of Python ints (usable in `reshape`)."""
+        if isinstance(x, paddle.Tensor):
+            return tuple(int(d) for d in x.shape)
+        return tuple(np.shape(x))
+
+    def reshape(self, x: Any, newshape: Any) -> paddle.Tensor:
+        """``x`` with shape ``newshape`` (one entry may be -1; 0 means size 0, not Paddle's
+        "copy this dimension")."""
+        x = self._t(x)
+        if isinstance(newshape, (int, np.integer)):
+            newshape = (newshape,)
+        dims = [int(d) for d in newshape]
+        if 0 in dims:
+            known = [d for d in dims if d != -1]
+            if dims.count(-1) > 0 and math.prod(known) == 0:
+                raise ValueError(
+                    f"PaddleNamespace.reshape: cannot infer -1 in {tuple(dims)} for a "
+                    "zero-size result."
+                )
+            if math.prod(self.shape(x)) != 0:
+                raise ValueError(
+                    f"PaddleNamespace.reshape: cannot reshape {self.shape(x)} into {tuple(dims)}."
+                )
+            return paddle.zeros(dims, dtype=x.dtype)
+        return paddle.reshape(x, dims)
+
+    def expand_dims(self, x: Any, axis: int | Sequence[int]) -> paddle.Tensor:
+        """``x`` with new axes of size 1 at ``axis`` (positions in the result, NumPy-style)."""
+        x = self._t(x)
+        axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+        ndim = x.ndim + len(axes)
+        normalized = sorted(int(a) % ndim for a in axes)
+        if len(set(normalized)) != len(normalized):
+            raise ValueError(f"PaddleNamespace.expand_dims: repeated axis in {axis!r}.")
+        for a in normalized:
+            x = paddle.unsqueeze(x, a)
+        return x
+
+    def transpose(self, x: Any, axes: Sequence[int] | None = None) -> paddle.Tensor:
+        """``x`` with its axes permuted (reversed when ``axes`` is None)."""
+        x = self._t(x)
+        perm = list(range(x.ndim))[::-1] if axes is None else [int(a) for a in axes]
+        return paddle.transpose(x, perm)
+
+    def moveaxis(
+        self, x: Any, source: int | Sequence[int], destination: int | Sequence[int]
+    ) -> paddle.Tensor:
+        """``x`` with axes ``source`` moved to ``destination``."""
+        return paddle.moveaxis(self._t(x), _axis_arg(source), _axis_arg(destination))
+
+    def broadcast_to(self, x: Any, shape: Sequence[int]) -> paddle.Tensor:
+        """``x`` broadcast to ``shape``."""
+        return paddle.broadcast_to(self._t(x), [int(d) for d in shape])
+
+    def arange(
+        self, start: Any, stop: Any = None, step: Any = None, dtype: Any = None
+    ) -> paddle.Tensor:
+        """``[start, stop)`` by ``step``; Python ints give int32 and floats float32 by default."""
+        if dtype is None:
+            parts = [p for p in (start, stop, step) if p is not None]
+            dtype = result_type(*(self._weak_or_name(p) for p in parts))
+        else:
+            dtype = standardize_dtype(dtype)
+        if stop is None:
+            start, stop = 0, start
+        if step is None:
+            step = 1
+        if dtype in ("int32", "int64", "float32", "float64"):
+            carrier = dtype
+        else:
+            carrier = "float32" if dtype in _HALF else "int64"
+        out = paddle.arange(start, stop, step, dtype=carrier)
+        return out if carrier == dtype else out.astype(dtype)
+
+    # --- elementwise ---------------------------------------------------------------------
+
+    def where(self, condition: Any, x1: Any = None, x2: Any = None) -> Any:
+        """Elementwise ``x1`` where ``condition`` else ``x2`` (broadcast; Python scalars such
+        as ``float("-inf")`` take the other operand's dtype). With neither ``x1`` nor
+        ``x2``: the indices of the non-zero entries, one tensor per axis."""
+        cond = self._bool(condition)
+        if x1 is None and x2 is None:
+            return tuple(paddle.nonzero(cond, as_tuple=True))
+        if x1 is None or x2 is None:
+            raise ValueError("PaddleNamespace.where: pass both `x1` and `x2`, or neither.")
+        dtype = result_type(self._weak_or_name(x1), self._weak_or_name(x2))
+        a, b = self._t(x1, dtype), self._t(x2, dtype)
+        wide = _WHERE_CARRIER.get(dtype)
+        if wide is None:
+            return paddle.where(cond, a, b)
+        return paddle.where(cond, a.astype(wide), b.astype(wide)).astype(dtype)
+
+    def _unary_float(self, x: Any, fn: Callable[[paddle.Tensor], paddle.Tensor], name: str):
+        x = self._t(x)
+        dtype = self.dtype_name(x)
+        if dtype in _FLOATS:
+            out_dtype = dtype
+        elif name == "tanh" and dtype != "int64":
+            out_dtype = result_type(dtype, float)
+        else:  # Keras: integers and bool go to floatx
+            out_dtype = _DEFAULT_FLOAT
+        return self._carried(x.astype(out_dtype), out_dtype, fn, _FLOAT_CARRIER)
+
+    def tanh(self, x: Any) -> paddle.Tensor:
+        """Hyperbolic tangent; integers give float32, floats keep their dtype."""
+        return self._unary_float(x, paddle.tanh, "tanh")
+
+    def exp(self, x: Any) -> paddle.Tensor:
+        """Exponential; integers and bool give float32, floats keep their dtype."""
+        return self._unary_float(x, paddle.exp, "exp")
+
+    def square(self, x: Any) -> paddle.Tensor:
+        """``x * x`` in the dtype of ``x`` (bool gives int32, as in Keras)."""
+        x = self._t(x)
+        dtype = self.dtype_name(x)
+        if dtype == "bool":
+            x, dtype = x.astype("int32"), "int32"
+        return self._carried(x, dtype, paddle.square, _ANY_CARRIER)
+
+    def rsqrt(self, x: Any) -> paddle.Tensor:
+        """``1 / sqrt(x)``; floats keep their dtype, integers and bool give float32."""
+        x = self._t(x)
+        dtype = self.dtype_name(x)
+        out_dtype = dtype if dtype in _FLOATS else _DEFAULT_FLOAT
+        return self._carried(x.astype(out_dtype), out_dtype, paddle.rsqrt, _FLOAT_CARRIER)
+
+    def logical_and(self, x1: Any, x2: Any) -> paddle.Tensor:
+        """Elementwise AND of the truth values of ``x1`` and ``x2`` (bool)."""
+        return paddle.logical_and(self._bool(x1), self._bool(x2))
+
+    def logical_or(self, x1: Any, x2: Any) -> paddle.Tensor:
+        """Elementwise OR of the truth values of ``x1`` and ``x2`` (bool)."""
+        return paddle.logical_or(self._bool(x1), self._bool(x2))
+
+    def logical_not(self, x: Any) -> paddle.Tensor:
+        """Elementwise NOT of the truth value of ``x`` (bool)."""
+        return paddle.logical_not(self._bool(x))
+
+    def _compare(self, fn: Callable, x1: Any, x2: Any) -> paddle.Tensor:
+        dtype = result_type(self._weak_or_name(x1), self._weak_or_name(x2))
+        return fn(self._t(x1, dtype), self._t(x2, dtype))
+
+    def less(self, x1: Any, x2: Any) -> paddle.Tensor:
+        """``x1 < x2`` elementwise (bool), after promoting both to a common dtype."""
+        return self._compare(paddle.less_than, x1, x2)
+
+    def less_equal(self, x1: Any, x2: Any) -> paddle.Tensor:
+        """``x1 <= x2`` elementwise (bool), after promoting both to a common dtype."""
+        return self._compare(paddle.less_equal, x1, x2)
+
+    def not_equal(self, x1: Any, x2: Any) -> paddle.Tensor:
+        """``x1 != x2`` elementwise (bool), after promoting both to a common dtype."""
+        return self._compare(paddle.not_equal, x1, x2)
+
+    def stop_gradient(self, variable: Any) -> paddle.Tensor:
+        """``variable`` with no gradient flowing back through it (same values)."""
+        return self._t(variable).detach()
+
+    # --- reductions ----------------------------------------------------------------------
+
+    def any(self, x: Any, axis: Any = None, keepdims: bool = False) -> paddle.Tensor:
+        """Whether any entry of ``x`` along ``axis`` is non-zero (bool)."""
+        return paddle.any(self._bool(x), axis=_axis_arg(axis), keepdim=keepdims)
+
+    def sum(self, x: Any, axis: Any = None, keepdims: bool = False) -> paddle.Tensor:
+        """Sum along ``axis``. bool/int8/int16 give int32 (uint8 gives int64: Paddle has no
+        uint32); other dtypes are kept. Half precision accumulates in float32."""
+        x = self._t(x)
+        dtype = self.dtype_name(x)
+        if dtype in ("bool", "int8", "int16"):
+            out_dtype = "int32"
+        elif dtype == "uint8":
+            out_dtype = "int64"
+        else:
+            out_dtype = dtype
+        compute = _FLOAT_CARRIER.get(out_dtype, out_dtype)
+        out = paddle.sum(x, axis=_axis_arg(axis), dtype=compute, keepdim=keepdims)
+        return out.astype(out_dtype) if compute != out_dtype else out
+
+    def max(
+        self, x: Any, axis: Any = None, keepdims: bool = False, initial: Any = None
+    ) -> paddle.Tensor:
+        """Maximum along ``axis`` in the dtype of ``x`` (``-inf`` entries are fine); with
+        ``initial``, the maximum of that and the reduction."""
+        x = self._t(x)
+        dtype = self.dtype_name(x)
+        wide = _ANY_CARRIER.get(dtype, dtype)
+
+        def reduce(t: paddle.Tensor) -> paddle.Tensor:
+            out = paddle.max(t, axis=_axis_arg(axis), keepdim=keepdims)
+            if initial is not None:
+                out = paddle.maximum(out, self._t(initial, wide))
+            return out
+
+        return self._carried(x, dtype, reduce, _ANY_CARRIER)
+
+    def softmax(self, x: Any, axis: int | Sequence[int] = -1) -> paddle.Tensor:
+        """Softmax over ``axis`` (an int or a tuple of axes normalised jointly).
+
+        Integers give float32; half precision is computed in float32 and cast back.
+        """
+        x = self._t(x)
+        dtype = self.dtype_name(x)
+        out_dtype = dtype if dtype in _FLOATS else _DEFAULT_FLOAT
+        x = x.astype(out_dtype)
+
+        def fn(t: paddle.Tensor) -> paddle.Tensor:
+            if isinstance(axis, (int, np.integer)):
+                return paddle.nn.functional.softmax(t, axis=int(axis))
+            axes = sorted(int(a) % t.ndim for a in axis)
+            keep = [a for a in range(t.ndim) if a not in axes]
+            moved = paddle.transpose(t, keep + axes)
+            moved_shape = [int(d) for d in moved.shape]
+            flat = paddle.reshape(moved, [*moved_shape[: len(keep)], -1])
+            out = paddle.reshape(paddle.nn.functional.softmax(flat, axis=-1), moved_shape)
+            return paddle.transpose(out, [int(i) for i in np.argsort(keep + axes)])
+
+        return self._carried(x, out_dtype, fn, _FLOAT_CARRIER)
+
+    # --- contractions --------------------------------------------------------------------
+
+    def einsum(self, subscripts: str, *operands: Any) -> paddle.Tensor:
+        """Einstein summation with ``keras.ops.einsum``'s dtype rule (int8 gives int32;
+        float64 kept).
+
+        Float32/float64 use ``paddle.einsum`` (which handles every subscript the core uses,
+        ``...`` broadcasting included); half precision is computed in float32; integer and
+        bool operands (no Paddle einsum kernel), or a subscript ``paddle.einsum``
+        rejects, go through `einsum_by_broadcast`.
+        """
+        tensors = [self._t(o) for o in operands]
+        names = [self.dtype_name(t) for t in tensors]
+        result = "int32" if set(names) == {"int8"} else result_type(*names)
+        if result in _FLOATS:
+            compute = _FLOAT_CARRIER.get(result, result)
+            tensors = [t.astype(compute) if n != compute else t for t, n in zip(tensors, names)]
+            try:
+                out = paddle.einsum(subscripts, *tensors)
+            except Exception:  # a subscript paddle.einsum cannot do: the generic path
+                out = einsum_by_broadcast(subscripts, *tensors)
+        else:
+            compute = "int64"
+            out = einsum_by_broadcast(subscripts, *(t.astype(compute) for t in tensors))
+        return out.astype(result) if compute != result else out
+
+    # --- random --------------------------------------------------------------------------
+
+    def dropout(self, x: Any, rate: float, seed: Any = None) -> paddle.Tensor:
+        """Inverted dropout: zero each entry with probability ``rate``, scale the rest by
+        ``1 / (1 - rate)``.
+
+        ``seed``:
+
+        * an ``int``: the keep mask is drawn exactly as Keras' numpy backend draws it
+          (``numpy.random.default_rng([seed, 0]).uniform(size=x.shape) < 1 - rate``), so it
+          is reproducible and independent of Paddle's global generator;
+        * a ``keras.random.SeedGenerator``: its next state seeds the same NumPy draw (each
+          call advances the generator, as in Keras);
+        * ``None``: Paddle's own dropout with Paddle's global generator (``paddle.seed``).
+        """
+        x = self._t(x)
+        rate = float(rate)
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"PaddleNamespace.dropout: `rate` must be in [0, 1]; got {rate!r}.")
+        if rate == 0.0:
+            return x
+        dtype = self.dtype_name(x)
+        if rate == 1.0:
+            return self._carried(x, dtype, lambda t: t * 0.0, _FLOAT_CARRIER)
+        if seed is None:
+            return paddle.nn.functional.dropout(x, p=rate, training=True)
+        rng_seed = self._numpy_seed(seed)
+        keep = np.random.default_rng(rng_seed).uniform(size=self.shape(x)) < 1.0 - rate
+        keep_t = paddle.to_tensor(keep)
+
+        def fn(t: paddle.Tensor) -> paddle.Tensor:
+            return paddle.where(keep_t, t / (1.0 - rate), paddle.zeros_like(t))
+
+        return self._carried(x, dtype, fn, _FLOAT_CARRIER)
+
+    @staticmethod
+    def _numpy_seed(seed: Any) -> Any:
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            return np.array([int(seed), 0], dtype=np.uint32)
+        keras = sys.modules.get("keras")
+        if keras is not None and isinstance(seed, keras.random.SeedGenerator):
+            return np.asarray(keras.ops.convert_to_numpy(seed.next()))
+        raise TypeError(
+            "PaddleNamespace.dropout: `seed` must be None, an int or a "
+            f"keras.random.SeedGenerator; received {seed!r}."
+        )
+
+
+def _parse_einsum(subscripts: str, ndims: Sequence[int]) -> tuple[list[list], list]:
+    """Labels of each operand and of the output; ``...`` becomes right-aligned
+    ``("...", i)`` labels so that broadcasting follows NumPy."""
+    spec = subscripts.replace(" ", "")
+    lhs, arrow, rhs = spec.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ndims):
+        raise ValueError(
+            f"einsum: {subscripts!r} names {len(terms)} operands; received {len(ndims)}."
+        )
+    n_ell = 0
+    for term, nd in zip(terms, ndims):
+        letters = len(term.replace("...", ""))
+        if ("..." in term and nd < letters) or ("..." not in term and nd != letters):
+            raise ValueError(f"einsum: term {term!r} does not fit an operand of rank {nd}.")
+        if "..." in term:
+            n_ell = max(n_ell, nd - letters)
+    ellipsis = [("...", i) for i in range(n_ell)]
+
+    def expand(term: str, nd: int) -> list:
+        if "..." not in term:
+            return list(term)
+        head, _, tail = term.partition("...")
+        k = nd - len(head) - len(tail)
+        return [*head, *ellipsis[n_ell - k :], *tail]
+
+    labels = [expand(t, nd) for t, nd in zip(terms, ndims)]
+    for term, lab in zip(terms, labels):
+        if len(set(lab)) != len(lab):
+            raise NotImplementedError(f"einsum: repeated index in {term!r} (a diagonal).")
+    if arrow:
+        out = expand(rhs, len(rhs.replace("...", "")) + n_ell)
+    else:
+        counts: dict = {}
+        for lab in labels:
+            for c in lab:
+                if isinstance(c, str):
+                    counts[c] = counts.get(c, 0) + 1
+        out = [*ellipsis, *sorted(c for c, n in counts.items() if n == 1)]
+    return labels, out
+
+
+def einsum_by_broadcast(subscripts: str, *operands: paddle.Tensor) -> paddle.Tensor:
+    """Einsum as one broadcast product and a sum: each operand is laid out on the union
+    of all labels (size-1 axes for the labels it lacks), the operands are multiplied
+    (broadcasting) and the labels absent from the output summed.
+
+    Works for any dtype with a multiply and sum kernel; memory is the product of all
+    label sizes (the fallback, not the fast path).
+    """
+    labels, out = _parse_einsum(subscripts, [t.ndim for t in operands])
+    order: list = []
+    for lab in labels:
+        order.extend(c for c in lab if c not in order)
+    sizes: dict = {}
+    for lab, t in zip(labels, operands):
+        for c, d in zip(lab, t.shape):
+            d = int(d)
+            if d != 1 and sizes.get(c, 1) not in (1, d):
+                raise ValueError(
+                    f"einsum: index {c!r} has sizes {sizes[c]} and {d} in {subscripts!r}."
+                )
+            if d != 1 or c not in sizes:
+                sizes[c] = d
+    product = None
+    for lab, t in zip(labels, operands):
+        present = [c for c in order if c in lab]
+        t = paddle.transpose(t, [lab.index(c) for c in present]) if t.ndim > 1 else t
+        own = dict(zip(lab, (int(d) for d in operands[labels.index(lab)].shape)))
+        t = paddle.reshape(t, [own.get(c, 1) for c in order])
+        product = t if product is None else product * t
+    summed = [i for i, c in enumerate(order) if c not in out]
+    if summed:
+        product = paddle.sum(product, axis=summed)
+    remaining = [c for c in order if c in out]
+    if len(remaining) > 1:
+        product = paddle.transpose(product, [remaining.index(c) for c in out])
+    return product
