@@ -196,8 +196,16 @@ class CoreTarget:
             return encoder
         raise ValueError(f"unsupported op {case.op!r}")
 
+    framework_name = ""
+
+    @property
+    def framework(self) -> str:
+        """The autodiff to use (``"none"``: outputs only)."""
+        return self.framework_name or (self.backend if self.backend != "numpy" else "none")
+
     def run(self, case: Case) -> dict[str, np.ndarray]:
-        ops = self.keras.ops
+        from multiattn._namespace import get_ops
+
         forward = self._forward(case)
         args = {
             f"input/{k}": self.tensor(v, case.dtype)
@@ -206,6 +214,7 @@ class CoreTarget:
         }
         args.update({f"weight/{k}": self.tensor(v, case.dtype) for k, v in case.weights.items()})
         acc = "float64" if case.dtype == "float64" else "float32"
+        ops = get_ops(*args.values())
         cot = ops.convert_to_tensor(case.cotangent, dtype=acc)
 
         def fn(a):
@@ -213,8 +222,7 @@ class CoreTarget:
             loss = ops.sum(ops.cast(outputs["output"], acc) * cot)
             return loss, outputs
 
-        framework = self.backend if self.backend != "numpy" else "none"
-        outputs, grads = value_and_grad(framework, fn, args)
+        outputs, grads = value_and_grad(self.framework, fn, args)
         result = dict(outputs)
         result.update({f"grad/{k}": g for k, g in grads.items()})
         return result

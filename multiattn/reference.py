@@ -417,3 +417,17 @@ def transformer_encoder_layer(
         return h + ffn(ln2(h))
     h = ln1(x + mha(x))
     return ln2(h + ffn(h))
+
+
+def replaced_softmax(x: ArrayLike, keep: ArrayLike, fill: float) -> np.ndarray:
+    """Softmax over the last axis after *replacing* disallowed scores by ``fill``.
+
+    The convention of the d2l-style PyTorch and the PaddlePaddle documents (fill -1e6):
+    a row with nothing allowed has all scores equal to ``fill`` and so gets uniform
+    weights, unlike `masked_softmax`'s zero rows.
+    """
+    x = _f64(x)
+    z = np.where(_as_bool_mask(keep, "keep"), x, float(fill))
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
