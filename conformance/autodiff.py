@@ -10,12 +10,16 @@ import numpy as np
 
 def to_numpy(x: Any) -> np.ndarray:
     """Any framework tensor as a float64 (or original integer/bool) NumPy array."""
-    if hasattr(x, "detach"):  # torch
+    if type(x).__module__.startswith("paddle"):
+        if "bfloat16" in str(x.dtype):
+            x = x.astype("float32")  # paddle's .numpy() gives bfloat16 as raw uint16 bits
+        x = x.numpy()
+    elif hasattr(x, "detach"):  # torch
         x = x.detach().cpu()
         if str(x.dtype) == "torch.bfloat16":
             x = x.float()
         x = x.numpy()
-    elif hasattr(x, "numpy") and not isinstance(x, np.ndarray):  # tf, paddle
+    elif hasattr(x, "numpy") and not isinstance(x, np.ndarray):  # tf
         x = x.numpy()
     arr = np.asarray(x)
     if arr.dtype.kind == "f" or "bfloat16" in str(arr.dtype):

@@ -22,6 +22,7 @@ Ops and what a target must return (see ``docs/conformance.md``):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -179,7 +180,88 @@ def oracle(op: str, inputs: dict, weights: dict, params: dict) -> dict[str, np.n
             **_masks(inputs),
         )
         return {"output": out}
+    if op.startswith("doc_"):
+        return _document_oracle(op, inputs, weights, params)
     raise ValueError(f"unknown op {op!r}")
+
+
+# --- the source documents' conventions ----------------------------------------------------
+# The d2l-style PyTorch and the PaddlePaddle documents replace masked scores by -1e6; the
+# TensorFlow document adds mask * -1e9 (mask 1 = masked out). Partially masked rows agree
+# with the core; a fully masked row is uniform (in float32, where -1e9 swamps every score,
+# the TensorFlow document's rows are uniform as well, and the adapter keeps that in float64).
+
+
+def _replaced_attention(scores: np.ndarray, values: np.ndarray, keep: np.ndarray, fill: float):
+    weights = ref.replaced_softmax(scores, np.broadcast_to(keep, scores.shape), fill)
+    return weights @ values, weights
+
+
+def _tf_heads(x: np.ndarray, w: np.ndarray, b: np.ndarray, h: int) -> np.ndarray:
+    return ref.split_heads(x @ w + b, h, layout="contiguous")
+
+
+def _tf_mha(q, k, v, weights: dict, prefix: str, h: int, mask: np.ndarray):
+    keep = np.asarray(mask) == 0
+    qh = _tf_heads(q, weights[f"{prefix}wq_kernel"], weights[f"{prefix}wq_bias"], h)
+    kh = _tf_heads(k, weights[f"{prefix}wk_kernel"], weights[f"{prefix}wk_bias"], h)
+    vh = _tf_heads(v, weights[f"{prefix}wv_kernel"], weights[f"{prefix}wv_bias"], h)
+    out, w = _replaced_attention(ref.scaled_dot_scores(qh, kh), vh, keep, -1e9)
+    merged = ref.merge_heads(out, layout="contiguous")
+    return merged @ weights[f"{prefix}dense_kernel"] + weights[f"{prefix}dense_bias"], w
+
+
+def _document_oracle(op: str, inputs: dict, weights: dict, params: dict) -> dict[str, np.ndarray]:
+    if op == "doc_d2l_masked_softmax":
+        x = inputs["x"]
+        keep = ref.valid_lens_mask(inputs["valid_lens"], x.shape)
+        return {"output": ref.replaced_softmax(x, np.broadcast_to(keep, x.shape), -1e6)}
+    if op in ("doc_d2l_additive", "doc_d2l_dot"):
+        q, k, v = inputs["queries"], inputs["keys"], inputs["values"]
+        if op == "doc_d2l_additive":
+            scores = ref.additive_scores(q, k, weights["W_q"], weights["W_k"], weights["w_v"])
+        else:
+            scores = ref.scaled_dot_scores(q, k)
+        keep = ref.valid_lens_mask(inputs["valid_lens"], scores.shape)
+        out, w = _replaced_attention(scores, v, keep, -1e6)
+        return {"output": out, "weights": w}
+    if op in ("doc_paddle_dot", "doc_paddle_mha"):
+        x = {
+            n: inputs[n] @ weights[f"W_{n[0]}"] + weights[f"b_{n[0]}"]
+            for n in ("queries", "keys", "values")
+        }
+        h = params.get("head_num", 1)
+        heads = {n: ref.split_heads(t, h, layout="interleaved") for n, t in x.items()}
+        scores = ref.scaled_dot_scores(
+            heads["queries"], heads["keys"], 1 / math.sqrt(params["hidden_vec_size"])
+        )
+        lens = np.minimum(inputs["valid_lens"], scores.shape[-1]).astype(np.int64)
+        keep = ref.valid_lens_mask(lens, scores.shape)
+        out, _ = _replaced_attention(scores, heads["values"], keep, -1e6)
+        merged = ref.merge_heads(out, layout="contiguous")
+        if op == "doc_paddle_dot":
+            return {"output": merged}
+        return {"output": merged @ weights["W_o"] + weights["b_o"]}
+    if op == "doc_tf_sdpa":
+        keep = np.asarray(inputs["mask"]) == 0
+        out, w = _replaced_attention(
+            ref.scaled_dot_scores(inputs["q"], inputs["k"]), inputs["v"], keep, -1e9
+        )
+        return {"output": out, "weights": w}
+    if op == "doc_tf_mha":
+        out, w = _tf_mha(
+            inputs["q"], inputs["k"], inputs["v"], weights, "", params["num_heads"], inputs["mask"]
+        )
+        return {"output": out, "weights": w}
+    if op == "doc_tf_encoder":
+        x = inputs["x"]
+        attn, _ = _tf_mha(x, x, x, weights, "mha_", params["num_heads"], inputs["mask"])
+        h = ref.layer_norm(x + attn, weights["ln1_gamma"], weights["ln1_beta"], 1e-6)
+        ffn = ref.feed_forward(
+            h, weights["ffn_w1"], weights["ffn_b1"], weights["ffn_w2"], weights["ffn_b2"]
+        )
+        return {"output": ref.layer_norm(h + ffn, weights["ln2_gamma"], weights["ln2_beta"], 1e-6)}
+    raise ValueError(f"unknown document op {op!r}")
 
 
 # --- variants ----------------------------------------------------------------------------
@@ -347,6 +429,119 @@ def _encoder(norm_first: bool):
     return build
 
 
+def _d2l(kind: str):
+    def build(rng):
+        if kind.startswith("softmax"):
+            lens = (
+                np.array([2, 0]) if kind == "softmax_lens_1d" else np.array([[1, 0, 5], [5, 2, 0]])
+            )
+            return (
+                {"x": _normal(rng, 2, 3, 5, scale=2.0), "valid_lens": lens.astype(np.int64)},
+                {},
+                {},
+            )
+        d = 4 if kind == "dot" else 6
+        inputs = {
+            "queries": _normal(rng, 2, 3, 4),
+            "keys": _normal(rng, 2, 5, d),
+            "values": _normal(rng, 2, 5, 3),
+            "valid_lens": np.array(
+                [2, 0] if kind == "additive" else [[1, 0, 5], [5, 2, 0]], dtype=np.int64
+            ),
+        }
+        weights = {}
+        if kind == "additive":
+            weights = {
+                "W_q": _normal(rng, 4, 7, scale=0.5),
+                "W_k": _normal(rng, 6, 7, scale=0.5),
+                "w_v": _normal(rng, 7),
+            }
+        return inputs, weights, {}
+
+    return build
+
+
+def _paddle_doc(kind: str):
+    def build(rng):
+        qs, e, hid = 4, 5, 3
+        h = 2 if kind == "mha" else 1
+        inputs = {n: _normal(rng, 2, qs, e) for n in ("queries", "keys", "values")}
+        inputs["valid_lens"] = np.array([3.0, 0.0])  # float, as the document passes them
+        weights = {}
+        for n in "qkv":
+            weights[f"W_{n}"] = _normal(rng, e, hid * h, scale=0.5)
+            weights[f"b_{n}"] = _normal(rng, hid * h, scale=0.1)
+        params = {"query_size": qs, "query_vec_size": e, "hidden_vec_size": hid}
+        if kind == "mha":
+            weights["W_o"] = _normal(rng, hid * h, 6, scale=0.5)
+            weights["b_o"] = _normal(rng, 6, scale=0.1)
+            params.update(output_vec_size=6, head_num=h)
+        return inputs, weights, params
+
+    return build
+
+
+def _tf_doc(kind: str):
+    def dense(rng, prefix, name, n_in, n_out):
+        return {
+            f"{prefix}{name}_kernel": _normal(rng, n_in, n_out, scale=0.4),
+            f"{prefix}{name}_bias": _normal(rng, n_out, scale=0.1),
+        }
+
+    def build(rng):
+        dm, h = 8, 2
+        if kind == "sdpa":
+            mask = np.zeros((2, 1, 3, 5))
+            mask[0, 0, :, 3:] = 1.0  # padding
+            mask[1, 0] = np.triu(np.ones((3, 5)), k=3)  # look-ahead
+            mask[1, 0, 2] = 1.0  # a fully masked row: uniform in the document
+            inputs = {
+                "q": _normal(rng, 2, 2, 3, 4),
+                "k": _normal(rng, 2, 2, 5, 4),
+                "v": _normal(rng, 2, 2, 5, 3),
+                "mask": mask,
+            }
+            return inputs, {}, {}
+        weights = {}
+        prefix = "mha_" if kind == "encoder" else ""
+        for name in ("wq", "wk", "wv", "dense"):
+            weights.update(dense(rng, prefix, name, dm, dm))
+        if kind == "mha":
+            mask = np.zeros((2, 1, 1, 5))
+            mask[1, 0, 0, 2:] = 1.0
+            inputs = {
+                "q": _normal(rng, 2, 3, dm),
+                "k": _normal(rng, 2, 5, dm),
+                "v": _normal(rng, 2, 5, dm),
+                "mask": mask,
+            }
+            return inputs, weights, {"d_model": dm, "num_heads": h}
+        weights.update(
+            {
+                "ffn_w1": _normal(rng, dm, 16, scale=0.4),
+                "ffn_b1": _normal(rng, 16, scale=0.1),
+                "ffn_w2": _normal(rng, 16, dm, scale=0.4),
+                "ffn_b2": _normal(rng, dm, scale=0.1),
+            }
+        )
+        for i in (1, 2):
+            weights[f"ln{i}_gamma"] = 1 + _normal(rng, dm, scale=0.1)
+            weights[f"ln{i}_beta"] = _normal(rng, dm, scale=0.1)
+        mask = np.zeros((2, 1, 1, 4))
+        mask[1, 0, 0, 3:] = 1.0
+        return (
+            {"x": _normal(rng, 2, 4, dm), "mask": mask},
+            weights,
+            {"d_model": dm, "num_heads": h, "dff": 16},
+        )
+
+    return build
+
+
+DOC_DTYPES = ("float64", "float32")
+# masks and lengths select; they are never differentiated (the documents pass them as floats)
+NOT_DIFFERENTIABLE = ("mask", "valid_lens")
+
 VARIANTS: list[Variant] = [
     *(
         Variant(f"masked_softmax_{k}", "masked_softmax", "masked_softmax", _softmax(k))
@@ -390,6 +585,37 @@ VARIANTS: list[Variant] = [
     Variant("positional_concatenated", "positional", "positional", _positional("concatenated")),
     Variant("encoder_post_ln", "encoder", "encoder", _encoder(False), tolerance=LAYER_TOL),
     Variant("encoder_pre_ln", "encoder", "encoder", _encoder(True), tolerance=LAYER_TOL),
+    # the source documents, through their adapters
+    Variant(
+        "doc_d2l_masked_softmax_lens_1d",
+        "doc_d2l",
+        "doc_d2l_masked_softmax",
+        _d2l("softmax_lens_1d"),
+        DOC_DTYPES,
+    ),
+    Variant(
+        "doc_d2l_masked_softmax_lens_2d",
+        "doc_d2l",
+        "doc_d2l_masked_softmax",
+        _d2l("softmax_lens_2d"),
+        DOC_DTYPES,
+    ),
+    Variant("doc_d2l_additive", "doc_d2l", "doc_d2l_additive", _d2l("additive"), DOC_DTYPES),
+    Variant("doc_d2l_dot", "doc_d2l", "doc_d2l_dot", _d2l("dot"), DOC_DTYPES),
+    Variant("doc_paddle_dot", "doc_paddle", "doc_paddle_dot", _paddle_doc("dot"), DOC_DTYPES),
+    Variant(
+        "doc_paddle_mha_interleaved",
+        "doc_paddle",
+        "doc_paddle_mha",
+        _paddle_doc("mha"),
+        DOC_DTYPES,
+        LAYER_TOL,
+    ),
+    Variant("doc_tf_sdpa", "doc_tf", "doc_tf_sdpa", _tf_doc("sdpa"), DOC_DTYPES),
+    Variant("doc_tf_mha", "doc_tf", "doc_tf_mha", _tf_doc("mha"), DOC_DTYPES, LAYER_TOL),
+    Variant(
+        "doc_tf_encoder", "doc_tf", "doc_tf_encoder", _tf_doc("encoder"), DOC_DTYPES, LAYER_TOL
+    ),
 ]
 
 
@@ -440,7 +666,11 @@ def expand(variant: Variant) -> list[dict]:
         cotangent = cot_rng.standard_normal(expected["output"].shape)
         grads = {}
         if variant.grads:
-            floats = {f"input/{k}": v.copy() for k, v in ins.items() if v.dtype.kind == "f"}
+            floats = {
+                f"input/{k}": v.copy()
+                for k, v in ins.items()
+                if k not in NOT_DIFFERENTIABLE and v.dtype.kind == "f"
+            }
             floats.update({f"weight/{k}": v.copy() for k, v in ws.items()})
 
             def loss(arrays: dict, ins=ins, ws=ws, cotangent=cotangent) -> float:

@@ -66,6 +66,43 @@ BUILTIN: dict[str, TargetSpec] = {
 }
 
 
+for _spec in (
+    TargetSpec(
+        "paddle",
+        "multiattn.conformance.target_paddle:PaddleCoreTarget",
+        {"KERAS_BACKEND": None},
+        ("paddle",),
+        "",
+        "the core functions on Paddle tensors",
+    ),
+    TargetSpec(
+        "adapter-torch",
+        "multiattn.conformance.target_adapters:TorchDocumentTarget",
+        {"KERAS_BACKEND": "torch"},
+        ("torch",),
+        "torch",
+        "the PyTorch (d2l) document adapter",
+    ),
+    TargetSpec(
+        "adapter-tensorflow",
+        "multiattn.conformance.target_adapters:TensorFlowDocumentTarget",
+        {"KERAS_BACKEND": "tensorflow"},
+        ("tensorflow",),
+        "tensorflow",
+        "the TensorFlow document adapter",
+    ),
+    TargetSpec(
+        "adapter-paddle",
+        "multiattn.conformance.target_paddle:PaddleDocumentTarget",
+        {"KERAS_BACKEND": None},
+        ("paddle",),
+        "",
+        "the PaddlePaddle document adapter",
+    ),
+):
+    BUILTIN[_spec.name] = _spec
+
+
 def discovered() -> dict[str, TargetSpec]:
     """Targets registered by installed packages (entry point group
     ``multiattn.conformance_targets``: ``name = "module:callable"``)."""
