@@ -41,6 +41,8 @@ def family_rows(results: dict[str, dict]) -> list[dict]:
             families.setdefault(event["family"], []).append(event)
         for family, events in families.items():
             ran = [e for e in events if e["status"] != "skip"]
+            if not ran:
+                continue  # a family the target does not implement
             errs = [case_error(e) for e in ran]
             failed = [e["case"] for e in ran if e["status"] != "pass"]
             rows.append(
@@ -78,7 +80,7 @@ def print_table(results: dict[str, dict], console: Any) -> None:
         if row["family"] == "-":
             table.add_row(name, "", "", "", "", f"{style[row['status']]} {row['reason']}")
             continue
-        cases = f"{row['cases']}" + (f" (+{row['skipped']} skipped)" if row["skipped"] else "")
+        cases = f"{row['cases']}" + (f" +{row['skipped']} skip" if row["skipped"] else "")
         fmt = lambda v: "" if v is None else ("inf" if math.isinf(v) else f"{v:.1e}")  # noqa: E731
         result = style[row["status"]]
         if row["failed"]:

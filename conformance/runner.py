@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1; received {args.jobs}")
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=120)
     available = all_targets()
     if args.list:
         for spec in available.values():
@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                 + (f"  [yellow](skipped: {missing})[/]" if missing else "")
             )
         return 0
-    names = [n.strip() for n in args.targets.split(",") if n.strip()] or list(available)
+    names = [n.strip() for n in args.targets.split(",") if n.strip()]
+    if not names and not args.target:
+        names = list(available)  # default: every built-in and registered target
     unknown = [n for n in names if n not in available]
     if unknown:
         parser.error(
