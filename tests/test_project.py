@@ -15,7 +15,7 @@ def readme_commands() -> list[str]:
 def test_quick_start_has_exactly_two_commands():
     commands = readme_commands()
     assert len(commands) == 2 and all("\n" not in c for c in commands)
-    assert commands[0].endswith("multiattn demo")
+    assert commands[0].endswith("multiattn conformance")
     assert commands[1].endswith("pytest")
 
 
