@@ -117,6 +117,19 @@ class MultiHeadAttention(keras.layers.Layer):
         self.value_bias = self._bias("value_bias", (h, dv))
         self.output_bias = self._bias("output_bias", (e_out,))
 
+    def _project_self(self, ops: Any, x: Any) -> tuple[Any, Any, Any]:
+        """Self-attention: the three projections as one contraction over ``(E, 3H, D)``."""
+        dtype, h = self.compute_dtype, self.num_heads
+        kernel = ops.concatenate(
+            [ops.cast(w, dtype) for w in (self.query_kernel, self.key_kernel, self.value_kernel)],
+            axis=1,
+        )
+        qkv = ops.einsum("bte,ehd->bthd", x, kernel)
+        if self.use_bias:
+            biases = (self.query_bias, self.key_bias, self.value_bias)
+            qkv = qkv + ops.concatenate([ops.cast(b, dtype) for b in biases], axis=0)
+        return qkv[:, :, :h], qkv[:, :, h : 2 * h], qkv[:, :, 2 * h :]
+
     def _project(self, ops: Any, x: Any, kernel: Any, bias: Any) -> Any:
         y = ops.einsum("bte,ehd->bthd", x, ops.cast(kernel, self.compute_dtype))
         return y if bias is None else y + ops.cast(bias, self.compute_dtype)
@@ -170,9 +183,12 @@ class MultiHeadAttention(keras.layers.Layer):
         keep = self._keep(
             where, ops, (qs[0], self.num_heads, qs[1], ks[1]), mask, valid_lens, causal
         )
-        q = self._project(ops, query, self.query_kernel, self.query_bias)
-        k = self._project(ops, key, self.key_kernel, self.key_bias)
-        v = self._project(ops, value, self.value_kernel, self.value_bias)
+        if query is value and key is value and self.key_dim == self.value_dim:
+            q, k, v = self._project_self(ops, query)
+        else:
+            q = self._project(ops, query, self.query_kernel, self.query_bias)
+            k = self._project(ops, key, self.key_kernel, self.key_bias)
+            v = self._project(ops, value, self.value_kernel, self.value_bias)
         result = attend(
             ops,
             q,
