@@ -79,6 +79,23 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config):
     return None
 
 
+class _RunElsewhere(pytest.File):
+    """A test file of a worker directory named on the outer command line: its tests run
+    in the worker (imported here they would load a framework into the outer process)."""
+
+    def collect(self):
+        return []
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent):
+    if IS_WORKER:
+        return None
+    path = Path(module_path).resolve()
+    if any(directory in path.parents for directory in WORKER_DIRS):
+        return _RunElsewhere.from_parent(parent, path=module_path)
+    return None
+
+
 class ReplayFailure(Exception):
     pass
 

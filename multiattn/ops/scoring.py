@@ -78,7 +78,7 @@ def scaled_dot_scores(query: Any, key: Any, scale: float | None = None) -> Any:
     scale = check_scale(where, scale)
     if scale is None:
         scale = 1.0 / math.sqrt(qs[-1])
-    return ops.einsum("...qd,...kd->...qk", query, key) * scale
+    return ops.einsum("...qd,...kd->...qk", query * scale, key)  # scale the smaller operand
 
 
 def _check_weight(where: str, name: str, w: Any, ops: Any, want: tuple, dtype: str) -> Any:
