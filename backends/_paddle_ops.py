@@ -301,6 +301,18 @@ class PaddleNamespace:
             return paddle.zeros(dims, dtype=x.dtype)
         return paddle.reshape(x, dims)
 
+    def concatenate(self, xs: Sequence[Any], axis: int | None = 0) -> paddle.Tensor:
+        """``xs`` joined along ``axis`` (flattened first when ``axis`` is None), in the
+        dtype the inputs promote to (Keras' lattice, 64-bit kept)."""
+        tensors = [self._t(x) for x in xs]
+        if not tensors:
+            raise ValueError("PaddleNamespace.concatenate: need at least one tensor.")
+        dtype = result_type(*(self.dtype_name(t) for t in tensors))
+        tensors = [self._t(t, dtype) for t in tensors]
+        if axis is None:
+            tensors, axis = [paddle.reshape(t, [-1]) for t in tensors], 0
+        return paddle.concat(tensors, axis=int(axis))
+
     def expand_dims(self, x: Any, axis: int | Sequence[int]) -> paddle.Tensor:
         """``x`` with new axes of size 1 at ``axis`` (positions in the result, NumPy-style)."""
         x = self._t(x)
@@ -328,6 +340,30 @@ class PaddleNamespace:
     def broadcast_to(self, x: Any, shape: Sequence[int]) -> paddle.Tensor:
         """``x`` broadcast to ``shape``."""
         return paddle.broadcast_to(self._t(x), [int(d) for d in shape])
+
+    def slice(
+        self, inputs: Any, start_indices: Sequence[Any], shape: Sequence[Any]
+    ) -> paddle.Tensor:
+        """The block of ``inputs`` starting at ``start_indices`` with sizes ``shape``
+        (``-1``: the rest of that axis). Starts may be ints or 0-d tensors; the block
+        must lie inside ``inputs``."""
+        x = self._t(inputs)
+        dims = [int(d) for d in x.shape]
+        if len(start_indices) != x.ndim or len(shape) != x.ndim:
+            raise ValueError(
+                f"PaddleNamespace.slice: need one start and one size per axis of a rank "
+                f"{x.ndim} tensor; received {len(start_indices)} and {len(shape)}."
+            )
+        starts = [int(s) for s in start_indices]
+        sizes = [d - b if int(n) == -1 else int(n) for d, b, n in zip(dims, starts, shape)]
+        if any(b < 0 or n < 0 or b + n > d for d, b, n in zip(dims, starts, sizes)):
+            raise ValueError(
+                f"PaddleNamespace.slice: the block at {starts} of sizes {sizes} does not "
+                f"lie inside a tensor of shape {dims}."
+            )
+        return paddle.slice(
+            x, axes=list(range(x.ndim)), starts=starts, ends=[b + n for b, n in zip(starts, sizes)]
+        )
 
     def arange(
         self, start: Any, stop: Any = None, step: Any = None, dtype: Any = None
@@ -433,6 +469,17 @@ class PaddleNamespace:
         """``variable`` with no gradient flowing back through it (same values)."""
         return self._t(variable).detach()
 
+    # --- control flow --------------------------------------------------------------------
+
+    def fori_loop(self, lower: int, upper: int, body_fun: Callable, init_val: Any) -> Any:
+        """``body_fun(i, val)`` for ``i`` in ``[lower, upper)``, threading ``val`` (any
+        structure of tensors), as a Python loop (Paddle runs eagerly; gradients flow
+        through every iteration)."""
+        val = init_val
+        for i in range(int(lower), int(upper)):
+            val = body_fun(i, val)
+        return val
+
     # --- reductions ----------------------------------------------------------------------
 
     def any(self, x: Any, axis: Any = None, keepdims: bool = False) -> paddle.Tensor:
@@ -511,10 +558,16 @@ class PaddleNamespace:
         if result in _FLOATS:
             compute = _FLOAT_CARRIER.get(result, result)
             tensors = [t.astype(compute) if n != compute else t for t, n in zip(tensors, names)]
-            try:
-                out = paddle.einsum(subscripts, *tensors)
-            except Exception:  # a subscript paddle.einsum cannot do: the generic path
-                out = einsum_by_broadcast(subscripts, *tensors)
+            matmul = _MATMUL_SUBSCRIPTS.get(subscripts.replace(" ", ""))
+            if matmul is not None and len(tensors) == 2:
+                # The batched products of attention: paddle.matmul is much faster than
+                # paddle.einsum here, in the backward pass above all.
+                out = paddle.matmul(tensors[0], tensors[1], transpose_y=matmul)
+            else:
+                try:
+                    out = paddle.einsum(subscripts, *tensors)
+                except Exception:  # a subscript paddle.einsum cannot do: the generic path
+                    out = einsum_by_broadcast(subscripts, *tensors)
         else:
             compute = "int64"
             out = einsum_by_broadcast(subscripts, *(t.astype(compute) for t in tensors))
@@ -608,6 +661,10 @@ def _parse_einsum(subscripts: str, ndims: Sequence[int]) -> tuple[list[list], li
                     counts[c] = counts.get(c, 0) + 1
         out = [*ellipsis, *sorted(c for c, n in counts.items() if n == 1)]
     return labels, out
+
+
+# subscripts that are a batched matrix product -> transpose_y
+_MATMUL_SUBSCRIPTS = {"...qd,...kd->...qk": True, "...qk,...kd->...qd": False}
 
 
 def einsum_by_broadcast(subscripts: str, *operands: paddle.Tensor) -> paddle.Tensor:

@@ -12,7 +12,9 @@ Ops and what a target must return (see ``docs/conformance.md``):
 
 * ``masked_softmax``: ``output``.
 * ``dot_scores``, ``scaled_dot_scores``, ``additive_scores``, ``general_scores``: ``output``.
-* ``sdpa``: ``output`` and the attention ``weights``.
+* ``sdpa``: ``output`` and the attention ``weights``. ``params["block_size"]`` (the
+  ``sdpa_blockwise_*`` variants) asks a target that has a blockwise path to compute the
+  output with blocks of that many queries and keys; the expectations are the same.
 * ``mha``: ``output``, ``weights``; flat projection weights ``W_q (E_q, H*D)`` ...
   ``W_o (H*Dv, E_out)`` with biases, heads split by ``params["head_layout"]`` and merged
   contiguously (the PaddlePaddle document's interleaved split uses ``"interleaved"``).
@@ -311,7 +313,12 @@ def _scores(kind: str):
     return build
 
 
-def _sdpa(kind: str):
+def _sdpa(variant: str):
+    # "blockwise_<kind>": the case <kind> with params["block_size"], which forces the core's
+    # blockwise (online-softmax) path with blocks of that many queries and keys.
+    blockwise = variant.startswith("blockwise_")
+    kind = variant.removeprefix("blockwise_")
+
     def build(rng):
         tq, tk, d, dv = 4, 4, 4, 4
         if kind in ("cross", "causal_cross", "mask", "lens_2d"):
@@ -320,6 +327,8 @@ def _sdpa(kind: str):
             tq, tk = 6, 3
         if kind == "value_dim":
             dv = 3
+        if kind == "everything":
+            tq, tk, dv = 5, 7, 3
         inputs: dict[str, Any] = {
             "query": _normal(rng, 2, tq, d),
             "key": _normal(rng, 2, tk, d),
@@ -338,6 +347,14 @@ def _sdpa(kind: str):
             mask = rng.random((2, tq, tk)) > 0.5
             mask[1, 3] = False
             inputs["mask"] = mask
+        if kind == "everything":  # mask, per-query lengths and causal at once, custom scale
+            mask = rng.random((2, tq, tk)) > 0.3
+            mask[0, 2] = False
+            inputs["mask"] = mask
+            inputs["valid_lens"] = np.array([[7, 3, 7, 0, 5], [2, 7, 7, 6, 7]], dtype=np.int32)
+            params.update(causal=True, scale=0.7)
+        if blockwise:
+            params["block_size"] = 2 if kind in ("causal_more_queries", "lens_2d") else 3
         return inputs, {}, params
 
     return build
@@ -567,6 +584,13 @@ VARIANTS: list[Variant] = [
             "lens_2d",
             "mask",
             "value_dim",
+            # the blockwise path (params["block_size"] forces it)
+            "blockwise_causal_cross",
+            "blockwise_causal_more_queries",
+            "blockwise_lens_1d",
+            "blockwise_lens_2d",
+            "blockwise_mask",
+            "blockwise_everything",
         )
     ),
     *(

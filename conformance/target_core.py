@@ -120,7 +120,8 @@ class CoreTarget:
             def sdpa(a):
                 args = (a["input/query"], a["input/key"], a["input/value"])
                 kw = dict(causal=p.get("causal", False), scale=p.get("scale"), **masks)
-                fused = ops.scaled_dot_product_attention(*args, **kw)
+                blocks = p.get("block_size")
+                fused = ops.scaled_dot_product_attention(*args, block_size=blocks, **kw)
                 _, weights = ops.scaled_dot_product_attention(*args, return_weights=True, **kw)
                 return {"output": fused, "weights": weights}
 

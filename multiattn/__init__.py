@@ -18,9 +18,9 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("layers", "ops", "reference")
+_SUBMODULES = ("config", "layers", "ops", "reference")
 
-__all__ = ["__version__", "layers", "ops", "reference"]
+__all__ = ["__version__", "config", "layers", "ops", "reference"]
 
 
 def __getattr__(name: str) -> Any:

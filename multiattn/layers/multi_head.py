@@ -17,7 +17,7 @@ from .._checks import (
 )
 from .._namespace import get_ops
 from ..ops.attention import attend
-from ..ops.masking import combine_keep
+from ..ops.blockwise import split_masks
 from ._base import check_input_width, seed_generator, static_width
 
 __all__ = ["MultiHeadAttention"]
@@ -146,7 +146,7 @@ class MultiHeadAttention(keras.layers.Layer):
                     mask = ops.expand_dims(mask, 1)
             else:
                 check_rank(where, "mask", ms, 0, 4)
-        return combine_keep(
+        return split_masks(
             ops, shape4, mask=mask, valid_lens=valid_lens, causal=causal, where=where
         )
 
@@ -180,7 +180,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"{fmt_shape(qs)}, {fmt_shape(ks)} and {fmt_shape(vs)}."
             )
         ops = get_ops(query)
-        keep = self._keep(
+        keep, lens, causal = self._keep(
             where, ops, (qs[0], self.num_heads, qs[1], ks[1]), mask, valid_lens, causal
         )
         if query is value and key is value and self.key_dim == self.value_dim:
@@ -195,6 +195,8 @@ class MultiHeadAttention(keras.layers.Layer):
             k,
             v,
             keep=keep,
+            valid_lens=lens,
+            causal=causal,
             scale=1.0 / math.sqrt(self.key_dim),
             dropout=self.dropout,
             training=bool(training),

@@ -7,9 +7,13 @@ implementation of the math with two execution paths:
 * the fused path (``keras.ops.dot_product_attention``) when neither the weights nor
   dropout are needed and the value width equals the key width;
 * the explicit path (scores, `multiattn.ops.masking.softmax_where`, weighted sum)
-  otherwise.
+  otherwise;
+* the blockwise path (`multiattn.ops.blockwise`: blocks of queries and keys with an
+  online softmax, memory linear in the lengths) when the score matrix would exceed the
+  memory budget of `multiattn.config`, or when a block size is forced, and neither the
+  weights nor dropout are needed.
 
-Both give the same result, fully masked rows included: such rows are all-zero weights
+All give the same result, fully masked rows included: such rows are all-zero weights
 and a zero output.
 """
 
@@ -30,6 +34,7 @@ from .._checks import (
     shape_of,
 )
 from .._namespace import get_ops
+from . import blockwise
 from .masking import combine_keep, softmax_where
 
 __all__ = ["attend", "scaled_dot_product_attention", "score_attention"]
@@ -48,18 +53,31 @@ def attend(
     value: Any,
     *,
     keep: Any = None,
+    valid_lens: Any = None,
+    causal: bool = False,
     scale: float,
     dropout: float = 0.0,
     training: bool = False,
     seed: Any = None,
     return_weights: bool = False,
+    block_size: tuple[int, int] | None = None,
 ) -> Any:
     """Attention on validated ``(batch, seq, heads, dim)`` arrays (internal).
+
+    The mask is the AND of three optional pieces, validated by the caller (see
+    `multiattn.ops.blockwise.split_masks`); passing lengths and ``causal`` as such, rather
+    than folded into ``keep``, lets the blockwise path build each block's mask without
+    ever forming the ``(Tq, Tk)`` mask.
 
     Args:
         query: ``(B, Tq, H, D)``; key: ``(B, Tk, H, D)``; value: ``(B, Tk, H, Dv)``.
         keep: bool mask broadcastable to ``(B, H, Tq, Tk)`` (True = may attend) or None.
+        valid_lens: int lengths ``(B,)`` or ``(B, Tq)`` (keys ``>=`` length masked) or None.
+        causal: bottom-right aligned causal mask (static ``Tq``, ``Tk``).
         scale: multiplier of the dot products.
+        block_size: ``(queries, keys)`` forces the blockwise path with these blocks; None
+            takes it only when the scores ``B*H*Tq*Tk`` would exceed the memory budget.
+            Either way it is not taken when the weights or dropout are needed.
 
     Returns:
         ``(B, Tq, H, Dv)``, and the weights ``(B, H, Tq, Tk)`` when ``return_weights``.
@@ -68,6 +86,69 @@ def attend(
     dtype = ops.dtype_name(query)
     if dtype in HALF_DTYPES:
         query, key, value = (ops.cast(t, "float32") for t in (query, key, value))
+    use_dropout = dropout > 0.0 and bool(training)
+    if keep is not None:
+        for _ in range(4 - len(shape_of(keep))):
+            keep = ops.expand_dims(keep, 0)
+    blocks = None
+    if not return_weights and not use_dropout:
+        qs, ks = shape_of(query), shape_of(key)
+        blocks = blockwise.plan_blocks(
+            (qs[0], qs[2], qs[1], ks[1]),
+            8 if ops.dtype_name(query) == "float64" else 4,
+            block_size,
+            traced=ops.is_symbolic(query),
+        )
+    weights = None
+    if blocks is not None:
+        out = blockwise.blockwise_attention(
+            ops,
+            query,
+            key,
+            value,
+            keep=keep,
+            valid_lens=valid_lens,
+            causal=causal,
+            scale=scale,
+            blocks=blocks,
+        )
+    else:
+        if valid_lens is not None or causal:
+            sizes = tuple(
+                s if s is not None else ops.shape(t)[1]
+                for s, t in ((shape_of(query)[1], query), (shape_of(key)[1], key))
+            )
+            keep = blockwise.block_keep(
+                ops, keep, blockwise.lens_rank4(ops, valid_lens), causal, sizes
+            )
+            for _ in range(4 - len(shape_of(keep))):
+                keep = ops.expand_dims(keep, 0)
+        out, weights = _direct_attention(
+            ops, query, key, value, keep, scale, dropout, training, seed, return_weights
+        )
+    if dtype in HALF_DTYPES:
+        out = ops.cast(out, dtype)
+        weights = None if weights is None else ops.cast(weights, dtype)
+    return (out, weights) if return_weights else out
+
+
+def _direct_attention(
+    ops: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    keep: Any,
+    scale: float,
+    dropout: float,
+    training: bool,
+    seed: Any,
+    return_weights: bool,
+) -> tuple[Any, Any]:
+    """The fused or the explicit path: the whole ``(B, H, Tq, Tk)`` score matrix at once.
+
+    ``keep`` is rank 4 or None. Returns the output and the weights (None on the fused
+    path).
+    """
     use_dropout = dropout > 0.0 and bool(training)
     fused = (
         not return_weights
@@ -78,9 +159,6 @@ def attend(
         and shape_of(key)[-1] == shape_of(value)[-1]
     )
     weights = None
-    if keep is not None:
-        for _ in range(4 - len(shape_of(keep))):
-            keep = ops.expand_dims(keep, 0)
     if fused:
         if keep is None:
             out = ops.fused_attention(query, key, value, None, scale)
@@ -97,10 +175,7 @@ def attend(
         weights = softmax_where(ops, scores, keep)
         mixed = _apply_dropout(ops, weights, dropout, training, seed)
         out = ops.einsum("bhqk,bkhd->bqhd", mixed, value)
-    if dtype in HALF_DTYPES:
-        out = ops.cast(out, dtype)
-        weights = None if weights is None else ops.cast(weights, dtype)
-    return (out, weights) if return_weights else out
+    return out, weights
 
 
 def _check_qkv(
@@ -154,6 +229,8 @@ def _to_flat_heads(ops: Any, x: Any, shape: tuple) -> Any:
 
 def _keep_to_flat(ops: Any, keep: Any, lead: tuple, q: int | None, k: int | None) -> Any:
     """Mask broadcastable to ``(*lead, Tq, Tk)`` -> broadcastable to ``(L, 1, Tq, Tk)``."""
+    for _ in range(2 - len(shape_of(keep))):  # a mask of rank 0 or 1 (broadcasts over rows)
+        keep = ops.expand_dims(keep, 0)
     ks = shape_of(keep)
     klead = ks[:-2]
     if all(d == 1 for d in klead):
@@ -161,6 +238,20 @@ def _keep_to_flat(ops: Any, keep: Any, lead: tuple, q: int | None, k: int | None
     full = tuple(d if d is not None else -1 for d in lead)
     keep = ops.broadcast_to(keep, (*full, ks[-2], ks[-1]))
     return ops.reshape(keep, (-1, 1, ks[-2], ks[-1]))
+
+
+def _lens_to_flat(ops: Any, lens: Any, query: Any, lead: tuple, q: int | None) -> Any:
+    """Lengths for scores ``(*lead, Tq, Tk)`` -> lengths ``(L,)`` or ``(L, Tq)`` of the
+    flattened batch ``L`` (repeated over the axes after the first)."""
+    per_query = len(shape_of(lens)) == 2
+    if not lead:  # scores (Tq, Tk): the lengths are one per query
+        return ops.reshape(lens, (1, -1))
+    if len(lead) == 1:
+        return lens
+    tail = (q,) if per_query else ()
+    lens = ops.reshape(lens, (-1, *(1,) * (len(lead) - 1), *tail))
+    lens = ops.broadcast_to(lens, (*ops.shape(query)[:-2], *tail))
+    return ops.reshape(lens, (-1, *tail))
 
 
 def scaled_dot_product_attention(
@@ -176,6 +267,7 @@ def scaled_dot_product_attention(
     training: bool = False,
     seed: Any = None,
     return_weights: bool = False,
+    block_size: int | tuple[int, int] | None = None,
 ) -> Any:
     """Scaled dot-product attention ``softmax(scale * q k^T) v`` with masking.
 
@@ -194,12 +286,21 @@ def scaled_dot_product_attention(
         training: whether dropout is active.
         seed: int or ``keras.random.SeedGenerator`` for dropout.
         return_weights: also return the attention weights.
+        block_size: force the memory-efficient blockwise path (blocks of queries and
+            keys with an online softmax) with blocks of this many queries and keys: an
+            int, or a pair ``(queries, keys)``. None (default): that path is taken when
+            the score matrix (``batch * heads * queries * keys`` elements of the compute
+            dtype) would exceed the memory budget of `multiattn.config` (1 GiB by
+            default). The blockwise path is never taken when ``return_weights`` is set
+            or dropout is active (both need the whole weight matrix): the direct path
+            is used then, whatever ``block_size`` or the budget say.
 
     Returns:
         Output ``(..., queries, d_v)`` in the inputs' dtype, and with ``return_weights``
         the weights ``(..., queries, keys)``. A query with no key to attend gets zero
         weights and a zero output row. float16/bfloat16 inputs are computed in float32
-        and the results cast back.
+        and the results cast back. Every path (fused, explicit, blockwise) gives the same
+        results within rounding.
     """
     where = "scaled_dot_product_attention"
     ops = get_ops(query, key, value, mask, valid_lens)
@@ -216,22 +317,28 @@ def scaled_dot_product_attention(
                 f"{where}: the query width must be static to derive the default scale."
             )
         scale = 1.0 / math.sqrt(qs[-1])
-    keep = combine_keep(
+    blocks = blockwise.check_block_size(where, block_size)
+    keep, lens, causal = blockwise.split_masks(
         ops, (*lead, qs[-2], ks[-2]), mask=mask, valid_lens=valid_lens, causal=causal, where=where
     )
     if keep is not None:
         keep = _keep_to_flat(ops, keep, lead, qs[-2], ks[-2])
+    if lens is not None:
+        lens = _lens_to_flat(ops, lens, query, lead, qs[-2])
     result = attend(
         ops,
         _to_flat_heads(ops, query, qs),
         _to_flat_heads(ops, key, ks),
         _to_flat_heads(ops, value, vs),
         keep=keep,
+        valid_lens=lens,
+        causal=causal,
         scale=scale,
         dropout=dropout,
         training=training,
         seed=seed,
         return_weights=return_weights,
+        block_size=blocks,
     )
     out, weights = result if return_weights else (result, None)
     out_shape = (*ops.shape(query)[:-1], ops.shape(value)[-1])

@@ -200,6 +200,81 @@ def test_shape_ops(dtype):
     compare("broadcast_to", x[:, :1, :], (2, 3, 4))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_concatenate(dtype):
+    a, b, c = sample((2, 3, 4), dtype), sample((2, 1, 4), dtype), sample((2, 2, 4), dtype)
+    compare("concatenate", [a, b, c], axis=1)
+    compare("concatenate", [a, a], axis=0)
+    compare("concatenate", [a, sample((2, 3, 2), dtype)], axis=-1)
+    compare("concatenate", [a], axis=2)
+    compare("concatenate", [a, b], axis=None)
+
+
+def test_concatenate_of_mixed_dtypes_and_gradient():
+    mixed = [sample((2, 3), "float16"), sample((1, 3), "float32"), sample((1, 3), "int32")]
+    compare("concatenate", mixed, axis=0, value_args=mixed)
+    ints = [sample((2,), "int8"), sample((3,), "int64")]
+    compare("concatenate", ints, axis=0, value_args=ints)
+    x = RNG.standard_normal((2, 3))
+    leaf = tensor(x, "float64", grad=True)
+    weights = RNG.standard_normal((2, 6))
+    loss = PNS.sum(PNS.concatenate([leaf, leaf * 2.0], axis=1) * paddle.to_tensor(weights))
+    (got,) = paddle_grads(loss, [leaf])
+    assert rel_err(got, weights[:, :3] + 2.0 * weights[:, 3:]) <= 1e-12
+    with pytest.raises(ValueError, match="at least one"):
+        PNS.concatenate([], axis=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_slice(dtype):
+    x = sample((3, 5, 4), dtype)
+    compare("slice", x, (0, 1, 0), (3, 3, 4))
+    compare("slice", x, (2, 0, 1), (1, 5, 2))
+    compare("slice", x, (1, 2, 3), (2, 3, 1))
+    compare("slice", x, (0, 4, 0), (3, 1, 4))
+    got = PNS.slice(pd(x), (0, 2, 1), (-1, -1, 2))
+    np.testing.assert_array_equal(to_np(got), to_np(pd(x))[:, 2:, 1:3])
+
+
+def test_slice_with_tensor_starts_gradient_and_errors():
+    x = RNG.standard_normal((4, 6))
+    got = PNS.slice(paddle.to_tensor(x), (paddle.to_tensor(1), paddle.to_tensor(2)), (2, 3))
+    np.testing.assert_array_equal(to_np(got), x[1:3, 2:5])
+    leaf = tensor(x, "float64", grad=True)
+    weights = RNG.standard_normal((2, 3))
+    (grad,) = paddle_grads(
+        PNS.sum(PNS.slice(leaf, (1, 2), (2, 3)) * paddle.to_tensor(weights)), [leaf]
+    )
+    want = np.zeros_like(x)
+    want[1:3, 2:5] = weights
+    np.testing.assert_array_equal(to_np(grad), want)
+    with pytest.raises(ValueError, match="inside"):
+        PNS.slice(paddle.to_tensor(x), (3, 0), (2, 6))
+    with pytest.raises(ValueError, match="one start"):
+        PNS.slice(paddle.to_tensor(x), (0,), (2, 6))
+
+
+def test_fori_loop_matches_keras_and_carries_gradients():
+    def body(i, val):
+        return val[0] * 0.5 + i, val[1] + 1
+
+    want = KNS.fori_loop(1, 4, body, (np.ones(4), 0))
+    got = PNS.fori_loop(1, 4, body, (paddle.ones([4], dtype="float64"), 0))
+    np.testing.assert_allclose(to_np(got[0]), np.asarray(want[0]))
+    assert got[1] == want[1] == 3
+    assert PNS.fori_loop(2, 2, body, "untouched") == "untouched"
+    x = RNG.standard_normal((3, 4))
+    leaf = tensor(x, "float64", grad=True)
+
+    def rows(i, acc):
+        return acc + PNS.slice(leaf, (i, 0), (1, 4)) * float(i + 1)
+
+    out = PNS.fori_loop(0, 3, rows, PNS.slice(leaf, (0, 0), (1, 4)) * 0.0)
+    np.testing.assert_allclose(to_np(out)[0], x[0] + 2 * x[1] + 3 * x[2])
+    (grad,) = paddle_grads(PNS.sum(out), [leaf])
+    np.testing.assert_array_equal(to_np(grad), np.repeat([[1.0], [2.0], [3.0]], 4, axis=1))
+
+
 def test_reshape_with_zero_size_dimensions():
     got = PNS.reshape(paddle.zeros([0, 3]), (3, 0))
     assert tuple(got.shape) == (3, 0)

@@ -1,0 +1,465 @@
+"""The blockwise (online-softmax) attention path against the float64 oracle and the
+direct path; its automatic selection by the memory budget; `multiattn.config`."""
+
+import keras
+import numpy as np
+import pytest
+from _support import (
+    BACKEND,
+    DTYPES,
+    TOL,
+    assert_close,
+    cast,
+    gradients,
+    numeric_grad,
+    rounded,
+    to_np,
+)
+
+from multiattn import config, layers, ops
+from multiattn import reference as ref
+from multiattn._namespace import get_ops
+from multiattn.ops import attention, blockwise
+
+RNG = np.random.default_rng(23)
+
+
+def data(*shapes, scale=1.0):
+    return [RNG.standard_normal(s) * scale for s in shapes]
+
+
+CASES = {
+    # name: (lead, tq, tk, dv, kwargs builder)
+    "self": ((2,), 7, 7, 4, lambda: {}),
+    "cross": ((2,), 5, 9, 4, lambda: {}),
+    "causal_self": ((2,), 8, 8, 4, lambda: {"causal": True}),
+    "causal_fewer_queries": ((2,), 4, 9, 4, lambda: {"causal": True}),
+    "causal_more_queries": ((2,), 9, 4, 4, lambda: {"causal": True}),
+    "lens_1d": ((2,), 5, 7, 4, lambda: {"valid_lens": np.array([3, 0])}),
+    "lens_2d_zeros": (
+        (2,),
+        5,
+        7,
+        4,
+        lambda: {"valid_lens": np.array([[0, 1, 7, 2, 0], [7, 7, 0, 3, 4]])},
+    ),
+    "mask": ((2,), 5, 7, 4, lambda: {"mask": _mask((2, 5, 7), empty_rows=((0, 1), (1, 4)))}),
+    "mask_broadcast_keys": ((2,), 5, 7, 4, lambda: {"mask": _mask((2, 1, 7))}),
+    "everything": (
+        (2,),
+        6,
+        8,
+        3,
+        lambda: {
+            "mask": _mask((2, 6, 8)),
+            "valid_lens": np.array([[8, 5, 0, 8, 2, 8], [1, 8, 8, 3, 8, 0]]),
+            "causal": True,
+            "scale": 0.6,
+        },
+    ),
+    "heads_4d": ((2, 3), 6, 6, 4, lambda: {"valid_lens": np.array([2, 5]), "causal": True}),
+    "heads_4d_lens_2d": (
+        (2, 3),
+        4,
+        6,
+        4,
+        lambda: {"valid_lens": np.array([[6, 0, 3, 1], [2, 6, 6, 0]])},
+    ),
+    "unbatched": ((), 5, 7, 4, lambda: {"valid_lens": np.array([0, 1, 7, 2, 0])}),
+}
+
+
+def _jit(fn):
+    """``fn`` compiled under ``jax.jit`` on JAX (op-by-op JAX compiles every small op for
+    every new shape: far slower here), as it is on the other backends."""
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)
+    return fn
+
+
+def _grads(fn, *args):
+    """`gradients`, with the whole gradient computation compiled at once on JAX."""
+    if BACKEND == "jax":
+        import jax
+
+        grad = jax.jit(jax.grad(fn, argnums=tuple(range(len(args)))))
+        return [to_np(g) for g in grad(*args)]
+    return gradients(fn, *args)
+
+
+def _mask(shape, empty_rows=()):
+    mask = RNG.random(shape) > 0.4
+    for b, row in empty_rows:
+        mask[b, row] = False
+    return mask
+
+
+def _inputs(case, dtype):
+    lead, tq, tk, dv = CASES[case][:4]
+    q, k, v = data((*lead, tq, 4), (*lead, tk, 4), (*lead, tk, dv))
+    return (q, k, v), CASES[case][4](), dtype
+
+
+# Every case in float32; the other dtypes (float64, and half precision, computed in
+# float32 by the same code) on the cases that combine the most.
+DTYPE_CASES = ("everything", "causal_more_queries", "heads_4d_lens_2d", "lens_2d_zeros")
+CASE_DTYPES = [
+    (case, dtype) for dtype in DTYPES for case in CASES if dtype == "float32" or case in DTYPE_CASES
+]
+
+
+@pytest.mark.parametrize("case,dtype", CASE_DTYPES)
+def test_blockwise_matches_oracle_and_direct_path(case, dtype):
+    (q, k, v), kwargs, _ = _inputs(case, dtype)
+    qr, kr, vr = (rounded(a, dtype) for a in (q, k, v))
+    want, want_w = ref.scaled_dot_product_attention(qr, kr, vr, **kwargs)
+    args = [cast(a, dtype) for a in (q, k, v)]
+
+    def both(*a):
+        return (
+            ops.scaled_dot_product_attention(*a, block_size=(4, 3), **kwargs),
+            ops.scaled_dot_product_attention(*a, **kwargs),
+        )
+
+    got, direct = _jit(both)(*args)
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    assert_close(got, want, dtype)
+    assert_close(got, to_np(direct), dtype)
+    zero_rows = ~np.any(want_w > 0, axis=-1)
+    assert np.all(to_np(got)[zero_rows] == 0.0)
+
+
+@pytest.mark.parametrize(
+    "block_size", [1, 2, (1, 5), (5, 1), (3, 4), 7, 100], ids=lambda b: str(b).replace(" ", "")
+)
+def test_every_block_shape_gives_the_same_result(block_size):
+    q, k, v = data((2, 7, 4), (2, 10, 4), (2, 10, 3))
+    kwargs = {"causal": True, "valid_lens": np.array([[10, 2, 0, 10, 6, 10, 1], [0] * 7])}
+    want = ref.scaled_dot_product_attention(q, k, v, **kwargs)[0]
+    args = [cast(a, "float32") for a in (q, k, v)]
+    got = _jit(lambda *a: ops.scaled_dot_product_attention(*a, block_size=block_size, **kwargs))(
+        *args
+    )
+    assert_close(got, want, "float32")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scores_of_large_magnitude_stay_exact(dtype):
+    """The running max keeps exp() in range when the scores span hundreds (exp(89)
+    overflows float32)."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal(s) for s in ((2, 6, 4), (2, 9, 4), (2, 9, 4)))
+    q = q * 40.0
+    q[0, 0] = -q[0, 0]  # a row whose largest score comes in a late block
+    mask = rng.random((2, 6, 9)) > 0.4
+    mask[1, 2] = False
+    qr, kr, vr = (rounded(a, dtype) for a in (q, k, v))
+    want = ref.scaled_dot_product_attention(qr, kr, vr, mask=mask)[0]
+
+    def both(*a):
+        return (
+            ops.scaled_dot_product_attention(*a, mask=mask, block_size=2),
+            ops.scaled_dot_product_attention(*a, mask=mask),
+        )
+
+    got, direct = _jit(both)(*(cast(a, dtype) for a in (q, k, v)))
+    # Scores of ~100 carry ~100x the rounding error of scores of ~1, on every path.
+    tol = {name: 10 * bound for name, bound in TOL.items()}
+    assert_close(got, want, dtype, tol)
+    assert_close(direct, want, dtype, tol)
+    assert np.all(to_np(got)[1, 2] == 0.0)
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in ("float64", "float32")])
+def test_everything_masked_gives_zeros(dtype):
+    q, k, v = (cast(a, dtype) for a in data((2, 5, 4), (2, 6, 4), (2, 6, 4)))
+
+    def outs(q, k, v):
+        return [
+            ops.scaled_dot_product_attention(q, k, v, block_size=2, **kwargs)
+            for kwargs in (
+                {"mask": np.zeros((2, 5, 6), bool)},
+                {"valid_lens": np.array([0, 0])},
+                {"valid_lens": np.zeros((2, 5), np.int32), "causal": True},
+            )
+        ]
+
+    for out in _jit(outs)(q, k, v):
+        assert np.all(to_np(out) == 0.0)
+
+
+GRAD_SEED = 17
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients_match_oracle_and_direct_path(dtype, seed=GRAD_SEED):
+    rng = np.random.default_rng(seed)
+    q, k, v, g = (rng.standard_normal(s) for s in ((2, 5, 4), (2, 7, 4), (2, 7, 3), (2, 5, 3)))
+    q = q * 3.0  # scores of a wider range: the running max moves between blocks
+    lens = np.array([[0, 2, 7, 5, 7], [7, 0, 1, 7, 3]])
+    mask = rng.random((2, 5, 7)) > 0.4
+    mask[:, :, 0] = True
+    kwargs = {"valid_lens": lens, "mask": mask, "causal": True}
+    acc = "float64" if dtype == "float64" else "float32"
+
+    def make(block_size):
+        def fn(qt, kt, vt):
+            out = ops.scaled_dot_product_attention(qt, kt, vt, block_size=block_size, **kwargs)
+            return keras.ops.sum(keras.ops.cast(out, acc) * cast(g, acc))
+
+        return fn
+
+    args = [cast(a, dtype) for a in (q, k, v)]
+    grads, direct = _grads(make((2, 3)), *args), _grads(make(None), *args)
+
+    def oracle(qa, ka, va):
+        return float((ref.scaled_dot_product_attention(qa, ka, va, **kwargs)[0] * g).sum())
+
+    wants = numeric_grad(oracle, *(rounded(a, dtype) for a in (q, k, v)))
+    bound = {"float64": 1e-7, "float32": 1e-5, "float16": 1e-2, "bfloat16": 6e-2}[dtype]
+    for name, got, want, other in zip("qkv", grads, wants, direct):
+        assert np.all(np.isfinite(got)), f"d{name} has NaN/Inf"
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err <= bound, f"d{name}: relative error {err:.2e} > {bound:.0e}"
+        err = np.abs(got - other).max() / np.abs(other).max()
+        assert err <= bound, f"d{name} vs direct path: relative error {err:.2e} > {bound:.0e}"
+    # rows 0 of batch 0 and 1 of batch 1 attend nothing: no gradient reaches them
+    assert np.all(grads[0][0, 0] == 0.0) and np.all(grads[0][1, 1] == 0.0)
+
+
+def test_gradients_finite_when_everything_is_masked():
+    q, k, v = data((1, 4, 4), (1, 5, 4), (1, 5, 4))
+
+    def fn(qt, kt, vt):
+        out = ops.scaled_dot_product_attention(
+            qt, kt, vt, mask=np.zeros((1, 4, 5), bool), block_size=2
+        )
+        return keras.ops.sum(out)
+
+    for grad in _grads(fn, *(cast(a, "float32") for a in (q, k, v))):
+        assert np.all(grad == 0.0)
+
+
+# --- automatic selection by the memory budget ---------------------------------------------
+
+
+class _Spy:
+    """Records the blockwise calls; with ``forbid_direct``, fails on the direct path."""
+
+    def __init__(self, monkeypatch, forbid_direct=True):
+        self.blockwise = []
+        real = blockwise.blockwise_attention
+
+        def spy(*args, **kwargs):
+            self.blockwise.append(kwargs["blocks"])
+            return real(*args, **kwargs)
+
+        def no_direct(*args, **kwargs):
+            raise AssertionError("the direct path (full score matrix) was taken")
+
+        monkeypatch.setattr(blockwise, "blockwise_attention", spy)
+        if forbid_direct:
+            monkeypatch.setattr(attention, "_direct_attention", no_direct)
+
+
+def _counting(monkeypatch):
+    calls = []
+    real = attention._direct_attention
+
+    def direct(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "_direct_attention", direct)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["plain", "masks"])
+def test_a_small_budget_selects_the_blockwise_path(monkeypatch, kind):
+    q, k, v = (cast(a, "float32") for a in data((2, 3, 40, 8), (2, 3, 48, 8), (2, 3, 48, 8)))
+    kwargs = {}
+    if kind == "masks":
+        kwargs = {"valid_lens": np.array([[0] * 20 + [48] * 20, [7] * 40]), "causal": True}
+    scores_bytes = 2 * 3 * 40 * 48 * 4
+    calls = _counting(monkeypatch)
+    spy = _Spy(monkeypatch, forbid_direct=False)
+    with config.attention_memory_budget(scores_bytes):  # fits: the direct path
+        direct = to_np(ops.scaled_dot_product_attention(q, k, v, **kwargs))
+    assert len(calls) == 1 and not spy.blockwise
+    spy = _Spy(monkeypatch)
+    with config.attention_memory_budget(scores_bytes - 1):
+        got = to_np(ops.scaled_dot_product_attention(q, k, v, **kwargs))
+    assert len(spy.blockwise) == 1
+    assert_close(got, direct, "float32")
+    want = ref.scaled_dot_product_attention(*(to_np(a) for a in (q, k, v)), **kwargs)[0]
+    assert_close(got, want, "float32")
+
+
+def test_float64_scores_count_eight_bytes(monkeypatch):
+    if "float64" not in DTYPES:
+        pytest.skip("no float64 on this backend")
+    q = cast(RNG.standard_normal((1, 10, 4)), "float64")
+    calls = _counting(monkeypatch)
+    spy = _Spy(monkeypatch, forbid_direct=False)
+    with config.attention_memory_budget(10 * 10 * 8):
+        ops.scaled_dot_product_attention(q, q, q)
+    with config.attention_memory_budget(10 * 10 * 8 - 1):
+        ops.scaled_dot_product_attention(q, q, q)
+    assert len(calls) == 1 and len(spy.blockwise) == 1
+
+
+def test_weights_and_dropout_keep_the_direct_path(monkeypatch):
+    q, k, v = (cast(a, "float32") for a in data((2, 6, 4), (2, 6, 4), (2, 6, 4)))
+    calls = _counting(monkeypatch)
+    with config.attention_memory_budget(1):
+        out, w = ops.scaled_dot_product_attention(q, k, v, block_size=2, return_weights=True)
+        assert tuple(w.shape) == (2, 6, 6)
+        ops.scaled_dot_product_attention(q, k, v, dropout=0.5, training=True, seed=1)
+    assert len(calls) == 2
+    want = ref.scaled_dot_product_attention(*(to_np(a) for a in (q, k, v)))[0]
+    assert_close(out, want, "float32")
+
+
+def test_the_layer_takes_the_blockwise_path_under_a_small_budget(monkeypatch):
+    layer = layers.MultiHeadAttention(2, 4, dtype="float32")
+    x = cast(RNG.standard_normal((2, 9, 6)), "float32")
+    lens = np.array([9, 4])
+    want = to_np(layer(x, x, valid_lens=lens, causal=True))
+    spy = _Spy(monkeypatch)
+    with config.attention_memory_budget(64):
+        got = layer(x, x, valid_lens=lens, causal=True)
+    assert spy.blockwise
+    assert_close(got, want, "float32")
+
+
+class _Recorder:
+    """A namespace that records the size of every tensor its operations return."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.largest = 0
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            out = attr(*args, **kwargs)
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                shape = getattr(t, "shape", None)
+                if shape is not None and name != "shape":
+                    self.largest = max(self.largest, int(np.prod(tuple(shape))))
+            return out
+
+        return call
+
+
+@pytest.mark.parametrize("masks", ["none", "lens_2d_causal", "lens_1d"])
+def test_no_tensor_of_the_full_score_size_is_formed(masks):
+    b, h, tq, tk, d = 1, 2, 64, 48, 4
+    q, k, v = (cast(a, "float32") for a in data((b, tq, h, d), (b, tk, h, d), (b, tk, h, d)))
+    lens, causal = None, False
+    if masks == "lens_2d_causal":
+        lens, causal = cast(RNG.integers(0, tk + 1, (b, tq)), "int32"), True
+    if masks == "lens_1d":
+        lens = cast(np.array([30]), "int32")
+    rec = _Recorder(get_ops(q))
+    out = attention.attend(
+        rec, q, k, v, valid_lens=lens, causal=causal, scale=0.5, block_size=(16, 16)
+    )
+    assert tuple(out.shape) == (b, tq, h, d)
+    assert rec.largest <= max(b * h * 16 * 16, b * tq * h * d) < b * h * tq * tk // 4
+
+
+def test_compiles_under_the_backend_jit():
+    q, k, v = (cast(a, "float32") for a in data((2, 8, 4), (2, 11, 4), (2, 11, 4)))
+    lens = cast(np.array([[11, 0, 3, 11, 5, 11, 11, 2], [4] * 8]), "int32")
+
+    def f(q, k, v, lens):
+        return ops.scaled_dot_product_attention(
+            q, k, v, valid_lens=lens, causal=True, block_size=(3, 4)
+        )
+
+    if BACKEND == "jax":
+        import jax
+
+        compiled = jax.jit(f)
+    elif BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        compiled = tf.function(f)
+    else:
+        pytest.skip(f"{BACKEND} has no graph compiler in this suite")
+    want = ref.scaled_dot_product_attention(
+        *(to_np(a) for a in (q, k, v)), valid_lens=to_np(lens), causal=True
+    )[0]
+    assert_close(compiled(q, k, v, lens), want, "float32", TOL)
+
+
+# --- block sizes and the budget ---------------------------------------------------------------
+
+
+def test_chosen_blocks_respect_the_budget_and_the_query_block_limit():
+    # 16k x 16k, 8 heads, float32: 8 GiB of scores under a 1 GiB budget
+    bq, bk = blockwise.choose_blocks(8, 16384, 16384, 4, 1 << 30)
+    assert 8 * bq * bk * 4 <= blockwise.PREFERRED_BLOCK_BYTES
+    assert blockwise.plan_blocks((1, 8, 16384, 16384), 4, None) == (bq, bk)
+    # traced: at most MAX_QUERY_BLOCKS query blocks, blocks still of the same size
+    n = blockwise.MAX_QUERY_BLOCKS
+    bq, bk = blockwise.choose_blocks(8, 65536, 65536, 4, 1 << 30, n)
+    assert -(-65536 // bq) <= n
+    assert 8 * bq * bk * 4 <= blockwise.PREFERRED_BLOCK_BYTES
+    assert blockwise.plan_blocks((1, 8, 65536, 65536), 4, None, traced=True) == (bq, bk)
+    # short rows: whole rows of keys, many queries at once
+    bq, bk = blockwise.choose_blocks(64, 1000, 300, 4, 1 << 20)
+    assert bk == 300 or 64 * bq * bk * 4 <= (1 << 20) // blockwise.SCORE_SHARE
+    # a tiny budget gives blocks of about MIN_BLOCK (split evenly), not smaller
+    assert blockwise.choose_blocks(8, 100, 100, 4, 1) == (15, 15)
+    # blocks split the sequences evenly: the last block is at most one short per block
+    for size in (1000, 999, 4097):
+        bq, bk = blockwise.choose_blocks(1, size, size, 4, 4 * size * size - 1)
+        for block in (bq, bk):
+            count = -(-size // block)
+            assert count > 1 and count * block - size < count
+    assert blockwise.plan_blocks((2, 2, 10, 10), 4, None) is None
+    assert blockwise.plan_blocks((2, 2, 10, 10), 4, (3, 30)) == (3, 10)
+    assert blockwise.plan_blocks((None, 2, None, 10), 4, None) is None
+    with pytest.raises(ValueError, match="static"):
+        blockwise.plan_blocks((None, 2, None, 10), 4, (3, 3))
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True, (2,), (2, 0), "3", (1, 2, 3)])
+def test_bad_block_size(bad):
+    q = cast(RNG.standard_normal((2, 3, 4)), "float32")
+    with pytest.raises(ValueError, match="`block_size`"):
+        ops.scaled_dot_product_attention(q, q, q, block_size=bad)
+
+
+def test_config_budget_set_get_env_and_context(monkeypatch):
+    monkeypatch.delenv(config.BUDGET_ENV_VAR, raising=False)
+    monkeypatch.setattr(config, "_budget", None)
+    assert config.get_attention_memory_budget() == config.DEFAULT_ATTENTION_MEMORY_BUDGET == 2**30
+    monkeypatch.setenv(config.BUDGET_ENV_VAR, "512MiB")
+    assert config.get_attention_memory_budget() == 512 * 2**20
+    for text, value in (("1073741824", 2**30), ("1.5GB", 1.5e9), ("64k", 64000), ("2 GiB", 2**31)):
+        monkeypatch.setenv(config.BUDGET_ENV_VAR, text)
+        assert config.get_attention_memory_budget() == int(value)
+    config.set_attention_memory_budget(1000)
+    assert config.get_attention_memory_budget() == 1000  # the set value beats the variable
+    with config.attention_memory_budget("1KiB") as inside:
+        assert inside == config.get_attention_memory_budget() == 1024
+    assert config.get_attention_memory_budget() == 1000
+    config.set_attention_memory_budget(None)
+    assert config.get_attention_memory_budget() == 2**31
+    monkeypatch.setenv(config.BUDGET_ENV_VAR, "lots")
+    with pytest.raises(ValueError, match=config.BUDGET_ENV_VAR):
+        config.get_attention_memory_budget()
+    for bad, error in (("12 parsecs", ValueError), (0, ValueError), (-5, ValueError)):
+        with pytest.raises(error, match="budget"):
+            config.set_attention_memory_budget(bad)
+    for bad in (True, [1], float("nan")):
+        with pytest.raises((TypeError, ValueError), match="budget"):
+            config.set_attention_memory_budget(bad)
