@@ -75,9 +75,21 @@ class KerasNamespace:
         """Inverted dropout of ``x`` with drop probability ``rate``."""
         return self._keras.random.dropout(x, rate, seed=seed)
 
-    def fused_attention(self, query, key, value, mask, scale):
-        """The backend's fused attention on ``(batch, seq, heads, dim)`` arrays."""
-        return self._ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
+    def fused_attention(self, query, key, value, mask, scale, is_causal=False):
+        """The backend's fused attention on ``(batch, seq, heads, dim)`` arrays
+        (``is_causal``: top-left aligned, used by the core only when queries and keys are
+        equally long)."""
+        return self._ops.dot_product_attention(
+            query, key, value, mask=mask, scale=scale, is_causal=is_causal
+        )
+
+    @property
+    def fused_attention_streams(self) -> bool:
+        """True when the backend's fused attention never forms the score matrix as long as
+        its mask is None or broadcast over the queries: PyTorch's
+        ``scaled_dot_product_attention`` (flash kernel on CPU). The core then prefers it to
+        its own blockwise path for long sequences."""
+        return self._keras.backend.backend() == "torch"
 
     def is_symbolic(self, x: Any) -> bool:
         """True when ``x`` has no concrete value (Keras symbolic tensor, JAX tracer,

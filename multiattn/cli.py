@@ -19,12 +19,19 @@ def main(argv: list[str] | None = None) -> int:
         "--backends", default="jax,torch,tensorflow,numpy", help="comma-separated Keras backends"
     )
     sub.add_parser("conformance", help="run the cross-framework conformance suite", add_help=False)
+    sub.add_parser(
+        "bench", help="time multiattn against each framework's own attention", add_help=False
+    )
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["conformance"]:
         from multiattn.conformance.runner import main as conformance_main
 
         return conformance_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from multiattn.bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = parser.parse_args(argv)
     if args.version:
         from importlib.metadata import version

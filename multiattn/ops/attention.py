@@ -91,7 +91,13 @@ def attend(
         for _ in range(4 - len(shape_of(keep))):
             keep = ops.expand_dims(keep, 0)
     blocks = None
-    if not return_weights and not use_dropout:
+    streams = (
+        block_size is None
+        and not return_weights
+        and not use_dropout
+        and _fused_streams(ops, query, key, value, keep, valid_lens, causal)
+    )
+    if not return_weights and not use_dropout and not streams:
         qs, ks = shape_of(query), shape_of(key)
         blocks = blockwise.plan_blocks(
             (qs[0], qs[2], qs[1], ks[1]),
@@ -113,23 +119,63 @@ def attend(
             blocks=blocks,
         )
     else:
-        if valid_lens is not None or causal:
+        fused_causal = streams and causal  # equal lengths: top-left == bottom-right
+        if valid_lens is not None or (causal and not fused_causal):
             sizes = tuple(
                 s if s is not None else ops.shape(t)[1]
                 for s, t in ((shape_of(query)[1], query), (shape_of(key)[1], key))
             )
             keep = blockwise.block_keep(
-                ops, keep, blockwise.lens_rank4(ops, valid_lens), causal, sizes
+                ops, keep, blockwise.lens_rank4(ops, valid_lens), causal and not fused_causal, sizes
             )
             for _ in range(4 - len(shape_of(keep))):
                 keep = ops.expand_dims(keep, 0)
         out, weights = _direct_attention(
-            ops, query, key, value, keep, scale, dropout, training, seed, return_weights
+            ops,
+            query,
+            key,
+            value,
+            keep,
+            scale,
+            dropout,
+            training,
+            seed,
+            return_weights,
+            is_causal=fused_causal,
         )
     if dtype in HALF_DTYPES:
         out = ops.cast(out, dtype)
         weights = None if weights is None else ops.cast(weights, dtype)
     return (out, weights) if return_weights else out
+
+
+def _fused_ok(ops: Any, query: Any, key: Any, value: Any) -> bool:
+    """The backend has a fused kernel for these (float32) arrays: value width == key width
+    (Keras' fused attention fails otherwise on jax)."""
+    return (
+        hasattr(ops, "fused_attention")
+        and ops.dtype_name(query) == "float32"
+        and shape_of(key)[-1] is not None
+        and shape_of(key)[-1] == shape_of(value)[-1]
+    )
+
+
+def _fused_streams(
+    ops: Any, query: Any, key: Any, value: Any, keep: Any, valid_lens: Any, causal: bool
+) -> bool:
+    """The fused kernel runs in memory linear in the lengths for this call: the backend's
+    kernel streams (`fused_attention_streams`), there is no caller mask, the lengths (if
+    any) are one per sequence (a mask broadcast over the queries) and a causal mask is
+    square without lengths (the kernel's own ``is_causal``). The blockwise path is then
+    not needed, whatever the memory budget says."""
+    if keep is not None or not getattr(ops, "fused_attention_streams", False):
+        return False
+    if not _fused_ok(ops, query, key, value):
+        return False
+    if valid_lens is not None and (causal or len(shape_of(valid_lens)) != 1):
+        return False
+    tq, tk = shape_of(query)[1], shape_of(key)[1]
+    return not causal or (tq is not None and tq == tk)
 
 
 def _direct_attention(
@@ -143,25 +189,24 @@ def _direct_attention(
     training: bool,
     seed: Any,
     return_weights: bool,
+    *,
+    is_causal: bool = False,
 ) -> tuple[Any, Any]:
-    """The fused or the explicit path: the whole ``(B, H, Tq, Tk)`` score matrix at once.
+    """The fused or the explicit path: the whole ``(B, H, Tq, Tk)`` score matrix at once
+    (unless the backend's fused kernel streams, see `_fused_streams`).
 
-    ``keep`` is rank 4 or None. Returns the output and the weights (None on the fused
+    ``keep`` is rank 4 or None; ``is_causal`` (fused path only, equal lengths) asks the
+    kernel for its own causal mask. Returns the output and the weights (None on the fused
     path).
     """
     use_dropout = dropout > 0.0 and bool(training)
-    fused = (
-        not return_weights
-        and not use_dropout
-        and hasattr(ops, "fused_attention")
-        and ops.dtype_name(query) == "float32"
-        and shape_of(key)[-1] is not None
-        and shape_of(key)[-1] == shape_of(value)[-1]
-    )
+    fused = not return_weights and not use_dropout and _fused_ok(ops, query, key, value)
     weights = None
+    if is_causal and not fused:
+        raise AssertionError("is_causal is only for the fused path")  # internal misuse
     if fused:
         if keep is None:
-            out = ops.fused_attention(query, key, value, None, scale)
+            out = ops.fused_attention(query, key, value, None, scale, is_causal=is_causal)
         else:
             row_any = ops.any(keep, axis=-1, keepdims=True)  # (B|1, H|1, Tq, 1)
             # Rows with nothing to attend attend everywhere inside the kernel (finite

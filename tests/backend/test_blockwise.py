@@ -276,9 +276,15 @@ def _counting(monkeypatch):
     return calls
 
 
+def _streams(x) -> bool:
+    return bool(getattr(get_ops(x), "fused_attention_streams", False))
+
+
 @pytest.mark.parametrize("kind", ["plain", "masks"])
 def test_a_small_budget_selects_the_blockwise_path(monkeypatch, kind):
     q, k, v = (cast(a, "float32") for a in data((2, 3, 40, 8), (2, 3, 48, 8), (2, 3, 48, 8)))
+    if kind == "plain" and _streams(q):
+        pytest.skip("the backend's fused kernel streams: no mask never needs blocks")
     kwargs = {}
     if kind == "masks":
         kwargs = {"valid_lens": np.array([[0] * 20 + [48] * 20, [7] * 40]), "causal": True}
@@ -293,6 +299,45 @@ def test_a_small_budget_selects_the_blockwise_path(monkeypatch, kind):
         got = to_np(ops.scaled_dot_product_attention(q, k, v, **kwargs))
     assert len(spy.blockwise) == 1
     assert_close(got, direct, "float32")
+    want = ref.scaled_dot_product_attention(*(to_np(a) for a in (q, k, v)), **kwargs)[0]
+    assert_close(got, want, "float32")
+
+
+@pytest.mark.parametrize(
+    "kind, streams",
+    [
+        ("plain", True),
+        ("causal_square", True),
+        ("lens_1d", True),
+        ("causal_more_keys", False),
+        ("lens_2d", False),
+        ("lens_and_causal", False),
+        ("mask", False),
+    ],
+)
+def test_a_streaming_fused_kernel_is_preferred_to_blocks(monkeypatch, kind, streams):
+    """Over the budget, a backend whose fused kernel never forms the score matrix (torch's
+    flash kernel) runs it whenever the mask it needs is linear in the lengths; anything
+    else still goes blockwise. Either way the numbers are the oracle's."""
+    tk = 48 if kind == "causal_more_keys" else 40
+    q, k, v = (cast(a, "float32") for a in data((2, 3, 40, 8), (2, 3, tk, 8), (2, 3, tk, 8)))
+    kwargs = {
+        "plain": {},
+        "causal_square": {"causal": True},
+        "lens_1d": {"valid_lens": np.array([0, 17])},
+        "causal_more_keys": {"causal": True},
+        "lens_2d": {"valid_lens": np.array([[3] * 40, [40] * 20 + [0] * 20])},
+        "lens_and_causal": {"valid_lens": np.array([5, 40]), "causal": True},
+        "mask": {"mask": RNG.random((2, 1, 40, 40)) < 0.5},
+    }[kind]
+    calls = _counting(monkeypatch)
+    spy = _Spy(monkeypatch, forbid_direct=False)
+    with config.attention_memory_budget(1):
+        got = to_np(ops.scaled_dot_product_attention(q, k, v, **kwargs))
+    if _streams(q) and streams:
+        assert len(calls) == 1 and not spy.blockwise
+    else:
+        assert len(spy.blockwise) == 1 and not calls
     want = ref.scaled_dot_product_attention(*(to_np(a) for a in (q, k, v)), **kwargs)[0]
     assert_close(got, want, "float32")
 

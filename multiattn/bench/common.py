@@ -1,0 +1,304 @@
+"""Framework-free helpers of the benchmark: FLOP counts, timing, process memory.
+
+Nothing here imports a framework, so the parent process and every worker can use it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import math
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("forward", "fwd_bwd")
+MODE_LABELS = {"forward": "forward", "fwd_bwd": "fwd+bwd"}
+MIB = 1024 * 1024
+
+
+# --- FLOP counts ------------------------------------------------------------------------
+
+
+def attention_flops(batch: int, length: int, width: int, heads: int) -> dict[str, int]:
+    """FLOPs of one multi-head self-attention call (a multiply-add counts 2).
+
+    Forward: the four projections (query, key, value, output) ``4 * 2*B*L*E*E``, the
+    scores ``2*B*H*L*L*D`` and the weighted sum of the values ``2*B*H*L*L*D``, with
+    ``D = E / H``. Biases, scaling, softmax and masking are not counted. Forward and
+    backward: 3 times the forward (the backward pass of each matmul is two matmuls).
+    """
+    head_dim = width // heads
+    projections = 4 * 2 * batch * length * width * width
+    scores = 2 * batch * heads * length * length * head_dim
+    weighted = 2 * batch * heads * length * length * head_dim
+    forward = projections + scores + weighted
+    return {
+        "projections": projections,
+        "scores": scores,
+        "weighted_sum": weighted,
+        "forward": forward,
+        "fwd_bwd": 3 * forward,
+    }
+
+
+# --- process memory ---------------------------------------------------------------------
+
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _LIBC = ctypes.CDLL(name) if name else False
+        except OSError:
+            _LIBC = False
+    return _LIBC
+
+
+def trim_heap() -> None:
+    """Collect garbage and hand the C heap's free pages back to the OS (glibc
+    ``malloc_trim``), so that the next call's working memory shows up in the RSS again
+    instead of reusing pages freed by an earlier call."""
+    gc.collect()
+    libc = _libc()
+    if libc and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+def _status_kib(key: str, pid: int | str = "self") -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def rss_bytes(pid: int | str = "self") -> int | None:
+    """Current resident set size (Linux ``VmRSS``), or None where unavailable."""
+    kib = _status_kib("VmRSS", pid)
+    return None if kib is None else kib * 1024
+
+
+def reset_hwm() -> bool:
+    """Reset the kernel's RSS high-water mark of this process (Linux ``clear_refs`` 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def hwm_bytes() -> int | None:
+    """The RSS high-water mark (Linux ``VmHWM``) since start or the last `reset_hwm`."""
+    kib = _status_kib("VmHWM")
+    return None if kib is None else kib * 1024
+
+
+def max_rss_bytes() -> int:
+    """The process's RSS high-water mark since it started (``getrusage`` ``ru_maxrss``)."""
+    value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return value if sys.platform == "darwin" else value * 1024
+
+
+class PeakRSS:
+    """Peak RSS of this process during a ``with`` block, in bytes above the RSS at entry.
+
+    On Linux the kernel's high-water mark is reset at entry (``/proc/self/clear_refs``
+    ``5``) and read at exit (``VmHWM``), which catches every page touched, however
+    briefly. Elsewhere, or where ``clear_refs`` is not writable, a thread samples the RSS
+    every millisecond (psutil) and ``method`` says so.
+    """
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.peak = 0
+        self.method = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> PeakRSS:
+        trim_heap()
+        current = rss_bytes()
+        if current is not None and reset_hwm():
+            self.base = rss_bytes() or current
+            self.method = "VmHWM"
+            return self
+        try:
+            import psutil
+        except ImportError:
+            self.base = max_rss_bytes()
+            self.method = "ru_maxrss"
+            return self
+        proc = psutil.Process()
+        self.base = self.peak = proc.memory_info().rss
+        self.method = "sampled"
+
+        def sample() -> None:
+            while not self._stop.is_set():
+                self.peak = max(self.peak, proc.memory_info().rss)
+                time.sleep(0.001)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.method == "VmHWM":
+            self.peak = hwm_bytes() or 0
+        elif self.method == "sampled":
+            self._stop.set()
+            assert self._thread is not None
+            self._thread.join()
+        else:
+            self.peak = max_rss_bytes()
+
+    @property
+    def delta(self) -> int:
+        return max(0, self.peak - self.base)
+
+
+# --- timing -----------------------------------------------------------------------------
+
+
+@dataclass
+class Impl:
+    """One implementation as the timing loop sees it: two calls that block until done."""
+
+    id: str
+    label: str
+    kind: str  # "multiattn" or "native"
+    calls: dict[str, Callable[[], Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Timing:
+    times: list[float] = field(default_factory=list)  # seconds per call, one per repeat
+    number: int = 1  # calls per repeat
+    compile_s: float = 0.0  # the first call (tracing/compilation included)
+    error: str | None = None
+
+
+def summarize(times: list[float]) -> dict[str, Any]:
+    ms = sorted(t * 1e3 for t in times)
+    q1, q3 = (ms[0], ms[-1]) if len(ms) < 4 else statistics.quantiles(ms, n=4)[::2]
+    return {
+        "median_ms": statistics.median(ms),
+        "min_ms": ms[0],
+        "max_ms": ms[-1],
+        "iqr_ms": q3 - q1,
+        "times_ms": [t * 1e3 for t in times],
+    }
+
+
+def describe_error(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__
+
+
+def time_interleaved(
+    entries: list[tuple[str, Callable[[], Any]]],
+    *,
+    warmup: int,
+    repeats: int,
+    min_time: float,
+    on_progress: Callable[[str], None] | None = None,
+) -> dict[str, Timing]:
+    """Time every entry, interleaved: repeat ``r`` runs each entry once (starting at entry
+    ``r`` of the list and wrapping, so no entry is always first), ``repeats`` times.
+
+    Each entry's first call (compilation, tracing) is timed separately and never counted,
+    then ``warmup`` untimed calls run; the last of these sets how many calls make up one
+    repeat (enough for ``min_time`` seconds, so short calls are not timer noise). An
+    entry that raises is dropped with its error.
+    """
+    results: dict[str, Timing] = {}
+    live: list[tuple[str, Callable[[], Any]]] = []
+    for key, fn in entries:
+        timing = results[key] = Timing()
+        try:
+            start = time.perf_counter()
+            fn()
+            timing.compile_s = time.perf_counter() - start
+            last = timing.compile_s
+            for _ in range(warmup):
+                start = time.perf_counter()
+                fn()
+                last = time.perf_counter() - start
+        except Exception as err:  # reported, never fatal for the others
+            timing.error = describe_error(err)
+            continue
+        timing.number = max(1, math.ceil(min_time / max(last, 1e-9)))
+        live.append((key, fn))
+        if on_progress:
+            on_progress(f"warmed up {key}")
+    for r in range(repeats):
+        order = live[r % len(live) :] + live[: r % len(live)] if live else []
+        for key, fn in order:
+            timing = results[key]
+            if timing.error:
+                continue
+            try:
+                start = time.perf_counter()
+                for _ in range(timing.number):
+                    fn()
+                timing.times.append((time.perf_counter() - start) / timing.number)
+            except Exception as err:
+                timing.error = describe_error(err)
+    return results
+
+
+def peak_matmul_gflops(
+    matmul: Callable[[], Any], size: int, *, repeats: int, min_time: float = 0.2
+) -> float:
+    """GFLOP/s of the fastest repeat of a ``size x size`` square matmul callable
+    (``2 * size**3`` FLOPs): the peak is the best the framework reached in this run, so
+    the load of other processes lowers it as little as possible."""
+    timing = time_interleaved([("mm", matmul)], warmup=1, repeats=repeats, min_time=min_time)["mm"]
+    if timing.error:
+        raise RuntimeError(timing.error)
+    return 2 * size**3 / min(timing.times) / 1e9
+
+
+def machine_info() -> dict[str, Any]:
+    import platform
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count() or 0
+    mem = None
+    try:
+        with open("/proc/meminfo") as fh:
+            mem = int(fh.readline().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": usable,
+        "memory_gib": None if mem is None else round(mem / 2**30, 1),
+        "python": platform.python_version(),
+    }

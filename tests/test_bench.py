@@ -1,0 +1,159 @@
+"""``multiattn bench``: every implementation runs and is reported; long-sequence mode.
+
+Both runs are real subprocesses of the installed command (``--quick``: tiny shapes), started
+together so the test takes about as long as the longer of the two.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from multiattn.bench import attention_flops
+from multiattn.bench.impls import FRAMEWORKS
+
+EXPECTED = {
+    "jax": ["multiattn-jax", "keras-jax", "flax-nnx"],
+    "torch": ["multiattn-torch", "torch-nn", "keras-torch"],
+    "tensorflow": ["multiattn-tf", "keras-tf"],
+    "paddle": ["multiattn-paddle", "paddle-nn"],
+}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _installed(framework: str) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in FRAMEWORKS[framework][1])
+
+
+def _bench(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "multiattn.cli", "bench", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("bench")
+    paths = {
+        "main": (tmp / "quick.json", tmp / "quick.png"),
+        "long": (tmp / "long.json", tmp / "long.png"),
+    }
+    procs = {
+        "main": _bench("--quick", "--json", str(paths["main"][0]), "--plot", str(paths["main"][1])),
+        "long": _bench(
+            "--long",
+            "--quick",
+            "--long-lengths",
+            "256,512",
+            "--json",
+            str(paths["long"][0]),
+            "--plot",
+            str(paths["long"][1]),
+        ),
+    }
+    out = {}
+    for name, proc in procs.items():
+        log, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, log
+        out[name] = (json.loads(paths[name][0].read_text()), paths[name][1], log)
+    return out
+
+
+def _png(path: Path) -> bool:
+    return path.exists() and path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5000
+
+
+def test_quick_run_reports_every_implementation(runs):
+    report, png, _ = runs["main"]
+    assert _png(png)
+    cfg = report["config"]
+    assert (cfg["batch"], cfg["length"], cfg["width"], cfg["heads"]) == (2, 64, 64, 4)
+    assert report["flops"]["forward"] == attention_flops(2, 64, 64, 4)["forward"]
+    by_id = {(r["framework"], r["id"]): r for r in report["implementations"]}
+    for framework, ids in EXPECTED.items():
+        info = report["frameworks"][framework]
+        if not _installed(framework):
+            assert info["status"] == "skipped" and "not installed" in info["reason"]
+            continue
+        assert info["status"] == "ran", info
+        assert info["matmul"]["gflops"] > 0 and info["matmul"]["numpy_float32_gflops"] > 0
+        assert info["process_max_rss_mib"] > 0
+        ratios = []
+        for ident in ids:
+            rec = by_id[(framework, ident)]
+            assert rec["status"] == "ok", rec
+            for mode in ("forward", "fwd_bwd"):
+                stats = rec[mode]
+                assert stats["median_ms"] > 0 and len(stats["times_ms"]) == cfg["repeats"]
+                assert stats["ratio"] > 0 and math.isfinite(stats["ratio"])
+                assert stats["gflops"] > 0 and stats["peak_fraction"] > 0
+                assert stats["peak_mem_mib"] >= 0
+                ratios.append((rec["kind"], mode, stats["ratio"]))
+        # the fastest native layer of each pass has ratio 1 exactly
+        for mode in ("forward", "fwd_bwd"):
+            assert min(r for k, m, r in ratios if k == "native" and m == mode) == 1.0
+
+
+def test_long_quick_run(runs):
+    report, png, _ = runs["long"]
+    assert _png(png)
+    long = report["long"]
+    assert long["backend"] == "torch"
+    assert [e["length"] for e in long["results"]] == [256, 512]
+    for entry in long["results"]:
+        assert entry["status"] == "ok", entry
+        assert entry["median_ms"] > 0 and entry["gflops"] > 0
+        assert entry["peak_mem_mib"] is not None and entry["peak_mem_mib"] >= 0
+        assert entry["score_matrix_gib"] == pytest.approx(8 * entry["length"] ** 2 * 4 / 2**30)
+    # the comparison with the budget lifted: the whole score matrix at every length
+    assert [(e["length"], e["path"]) for e in long["direct_results"]] == [
+        (256, "direct"),
+        (512, "direct"),
+    ]
+    for entry in long["direct_results"]:
+        assert entry["status"] == "ok", entry
+        assert entry["median_ms"] > 0 and entry["peak_mem_mib"] >= 0
+
+
+def test_flop_count():
+    f = attention_flops(8, 512, 512, 8)
+    assert f["projections"] == 4 * 2 * 8 * 512 * 512 * 512
+    assert f["scores"] == f["weighted_sum"] == 2 * 8 * 8 * 512 * 512 * 64
+    assert f["forward"] == f["projections"] + f["scores"] + f["weighted_sum"]
+    assert f["fwd_bwd"] == 3 * f["forward"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--width", "10", "--heads", "4"], "not divisible"),
+        (["--frameworks", "mxnet"], "mxnet"),
+        (["--long-lengths", "1k"], "--long-lengths"),
+    ],
+)
+def test_bad_options_are_usage_errors(args, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "multiattn.cli", "bench", *args], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_importing_the_benchmark_loads_no_framework():
+    code = (
+        "import sys, multiattn.bench, multiattn.bench.worker, multiattn.bench.long\n"
+        "print(sorted(m for m in ('jax', 'torch', 'tensorflow', 'paddle', 'keras') "
+        "if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
