@@ -115,13 +115,12 @@ def test_long_quick_run(runs):
         assert entry["peak_mem_mib"] is not None and entry["peak_mem_mib"] >= 0
         assert entry["score_matrix_gib"] == pytest.approx(8 * entry["length"] ** 2 * 4 / 2**30)
     # the comparison with the budget lifted: the whole score matrix at every length
-    assert [(e["length"], e["path"]) for e in long["direct_results"]] == [
-        (256, "direct"),
-        (512, "direct"),
-    ]
-    for entry in long["direct_results"]:
-        assert entry["status"] == "ok", entry
-        assert entry["median_ms"] > 0 and entry["peak_mem_mib"] >= 0
+    for path in ("blockwise", "direct"):
+        entries = long[f"{path}_results"]
+        assert [(e["length"], e["path"]) for e in entries] == [(256, path), (512, path)]
+        for entry in entries:
+            assert entry["status"] == "ok", entry
+            assert entry["median_ms"] > 0 and entry["peak_mem_mib"] >= 0
 
 
 def test_flop_count():

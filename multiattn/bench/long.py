@@ -5,9 +5,16 @@ Each length runs in a fresh process (so the RSS high-water mark is that length's
     python -m multiattn.bench.long --backend torch --length 4096 --out F [--causal]
 
 on ``(batch, heads, length, head_dim) = (1, 8, L, 64)`` float32 query, key and value,
-forward only, with the default dispatch (``--path auto``: blockwise once the score matrix
-exceeds the attention memory budget) and, for comparison, with the budget lifted
-(``--path direct``: the whole score matrix at every length that fits ``--long-max-gib``). The parent (`run_long`) starts one process per length and watches its
+forward only, along three paths (``--path``):
+
+* ``auto``: the default dispatch (blockwise once the score matrix exceeds the attention
+  memory budget, unless the backend's fused kernel streams, as torch's does);
+* ``blockwise``: the core's blockwise path forced at every length, with the blocks the
+  budget would choose;
+* ``direct``: the budget lifted, so the fused or explicit path runs at every length
+  whose score matrix fits ``--long-max-gib``.
+
+The parent (`run_long`) starts one process per length and path and watches its
 memory: a length whose full score matrix would not fit in ``--long-max-gib`` is stopped
 when its RSS grows past the budget and reported as "failed: out of memory".
 """
@@ -58,16 +65,21 @@ def is_out_of_memory(err: BaseException) -> bool:
 def _attention_call(backend: str, length: int, causal: bool, path: str) -> Callable[[], Any]:
     """The public op on the backend's arrays, compiled the way the backend is used.
 
-    ``path`` "auto": the default dispatch (blockwise once the score matrix exceeds the
-    attention memory budget); "direct": the budget is lifted, so the whole score matrix is
-    formed at every length (the memory the blockwise path saves).
+    ``path``: "auto", "blockwise" or "direct" (see the module's docstring).
     """
     import keras
 
     from multiattn import config, ops
+    from multiattn.ops import blockwise
 
+    blocks = None
     if path == "direct":
         config.set_attention_memory_budget(2**62)
+    elif path == "blockwise":
+        traced = backend in ("jax", "tensorflow")
+        limit = blockwise.MAX_QUERY_BLOCKS if traced else None
+        budget = config.get_attention_memory_budget()
+        blocks = blockwise.choose_blocks(BATCH * HEADS, length, length, 4, budget, limit)
 
     rng = np.random.default_rng(0)
     shape = (BATCH, HEADS, length, HEAD_DIM)
@@ -76,7 +88,7 @@ def _attention_call(backend: str, length: int, causal: bool, path: str) -> Calla
     )
 
     def sdpa(q, k, v):
-        return ops.scaled_dot_product_attention(q, k, v, causal=causal)
+        return ops.scaled_dot_product_attention(q, k, v, causal=causal, block_size=blocks)
 
     if backend == "jax":
         import jax
@@ -255,24 +267,21 @@ def run_long(cfg: dict, on_line: Callable[[str], None] = lambda s: None) -> dict
             flops = long_flops(length)
             entry["gflops"] = flops / (entry["median_ms"] / 1e3) / 1e9
         results.append(entry)
-    direct = []
-    for length in cfg["lengths"]:
-        scores = score_matrix_bytes(length)
-        if scores > max_bytes:
-            direct.append(
-                {
-                    "length": length,
-                    "path": "direct",
-                    "status": "skipped",
-                    "reason": "skipped: the score matrix alone exceeds --long-max-gib",
-                }
-            )
-            continue
-        on_line(f"L={length} direct: starting")
-        entry = _run_one(backend, length, cfg, safety, on_line, path="direct")
-        if entry.get("status") == "ok":
-            entry["gflops"] = long_flops(length) / (entry["median_ms"] / 1e3) / 1e9
-        direct.append(entry)
+    extra: dict[str, list] = {}
+    for path in ("blockwise", "direct"):
+        extra[path] = []
+        for length in cfg["lengths"]:
+            if path == "direct" and score_matrix_bytes(length) > max_bytes:
+                reason = "skipped: the score matrix alone exceeds --long-max-gib"
+                extra[path].append(
+                    {"length": length, "path": path, "status": "skipped", "reason": reason}
+                )
+                continue
+            on_line(f"L={length} {path}: starting")
+            entry = _run_one(backend, length, cfg, safety, on_line, path=path)
+            if entry.get("status") == "ok":
+                entry["gflops"] = long_flops(length) / (entry["median_ms"] / 1e3) / 1e9
+            extra[path].append(entry)
     return {
         "backend": backend,
         "causal": cfg["causal"],
@@ -285,7 +294,8 @@ def run_long(cfg: dict, on_line: Callable[[str], None] = lambda s: None) -> dict
             "attention call (inputs created; compilation on jax/tensorflow included)"
         ),
         "results": results,
-        "direct_results": direct,
+        "blockwise_results": extra["blockwise"],
+        "direct_results": extra["direct"],
     }
 
 
@@ -296,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--path", choices=("auto", "direct"), default="auto")
+    parser.add_argument("--path", choices=("auto", "blockwise", "direct"), default="auto")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     os.environ.setdefault("KERAS_BACKEND", args.backend)

@@ -106,21 +106,29 @@ def print_report(report: dict, console: Any) -> None:
             ),
             title_justify="left",
         )
-        cols = ("length", "ms", "GFLOP/s", "peak MiB", "direct ms", "direct peak MiB")
-        for col in (*cols, "score matrix MiB", "status"):
+        cols = ("length", "auto ms", "GFLOP/s", "auto MiB", "blockwise ms", "blockwise MiB")
+        for col in (*cols, "direct ms", "direct MiB", "score matrix MiB", "status"):
             table.add_column(col, justify="left" if col == "status" else "right")
-        direct = {e["length"]: e for e in long.get("direct_results", [])}
+        others = [
+            {e["length"]: e for e in long.get(f"{path}_results", [])}
+            for path in ("blockwise", "direct")
+        ]
         for entry in long["results"]:
             ok = entry.get("status") == "ok"
-            d = direct.get(entry["length"], {})
-            d_ok = d.get("status") == "ok"
+            cells = []
+            for other in others:
+                o = other.get(entry["length"], {})
+                o_ok = o.get("status") == "ok"
+                cells += [
+                    _fmt(o.get("median_ms")) if o_ok else "-",
+                    _fmt(o.get("peak_mem_mib"), 1) if o_ok else "-",
+                ]
             table.add_row(
                 str(entry["length"]),
                 _fmt(entry.get("median_ms")) if ok else "-",
                 _fmt(entry.get("gflops"), 1) if ok else "-",
                 _fmt(entry.get("peak_mem_mib"), 1) if ok else "-",
-                _fmt(d.get("median_ms")) if d_ok else "-",
-                _fmt(d.get("peak_mem_mib"), 1) if d_ok else "-",
+                *cells,
                 _fmt(entry["score_matrix_gib"] * 1024, 1),
                 "ok" if ok else f"[yellow]{entry.get('reason', entry.get('status'))}[/]",
             )
@@ -185,18 +193,29 @@ def write_plot(report: dict, path: Path) -> None:
     if long:
         ax_t, ax_m = axes[row]
         lengths = [e["length"] for e in long_ok]
-        direct_ok = [e for e in long.get("direct_results", []) if e.get("status") == "ok"]
-        d_lengths = [e["length"] for e in direct_ok]
+        series = [
+            ("blockwise", "^-", NATIVE_COLORS[1], "blockwise (forced)"),
+            ("direct", "s-", NATIVE_COLORS[0], "direct (budget lifted)"),
+        ]
         ax_t.plot(
             lengths, [e["median_ms"] for e in long_ok], "o-", color=MULTIATTN_COLOR, label="auto"
         )
-        ax_t.plot(
-            d_lengths,
-            [e["median_ms"] for e in direct_ok],
-            "s-",
-            color=NATIVE_COLORS[0],
-            label="direct (budget lifted)",
-        )
+        for path, style, color, label in series:
+            ok = [e for e in long.get(f"{path}_results", []) if e.get("status") == "ok"]
+            ax_t.plot(
+                [e["length"] for e in ok],
+                [e["median_ms"] for e in ok],
+                style,
+                color=color,
+                label=label,
+            )
+            ax_m.plot(
+                [e["length"] for e in ok],
+                [e["peak_mem_mib"] or 0 for e in ok],
+                style,
+                color=color,
+                label=f"peak RSS growth, {label}",
+            )
         ax_t.legend(fontsize=8)
         ax_t.set_ylabel("ms per call (median)")
         ax_m.plot(
@@ -204,14 +223,7 @@ def write_plot(report: dict, path: Path) -> None:
             [e["peak_mem_mib"] or 0 for e in long_ok],
             "o-",
             color=MULTIATTN_COLOR,
-            label="peak RSS growth (auto: blockwise above the budget)",
-        )
-        ax_m.plot(
-            d_lengths,
-            [e["peak_mem_mib"] or 0 for e in direct_ok],
-            "s-",
-            color=NATIVE_COLORS[0],
-            label="peak RSS growth (direct: whole score matrix)",
+            label="peak RSS growth, auto",
         )
         every = [e["length"] for e in long["results"]]
         ax_m.plot(
