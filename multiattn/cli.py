@@ -19,12 +19,17 @@ def main(argv: list[str] | None = None) -> int:
         "--backends", default="jax,torch,tensorflow,numpy", help="comma-separated Keras backends"
     )
     sub.add_parser("conformance", help="run the cross-framework conformance suite", add_help=False)
+    sub.add_parser("port", help="convert a weight file between frameworks", add_help=False)
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["conformance"]:
         from multiattn.conformance.runner import main as conformance_main
 
         return conformance_main(argv[1:])
+    if argv[:1] == ["port"]:
+        from multiattn.port.cli import main as port_main
+
+        return port_main(argv[1:])
     args = parser.parse_args(argv)
     if args.version:
         from importlib.metadata import version
