@@ -66,8 +66,12 @@ def test_multiattn_keras_mha(backend, case):
     assert type(other) is keras.layers.MultiHeadAttention
     back = port.convert(other, "multiattn")
     assert_same_weights(port.get_weights(back), source)
-    a, b = to_np(layer(q, v, k)), to_np(other(q, v, k))
-    compare(f"multiattn-keras mha {case} [{BACKEND}]", a, b, PAIR_RTOL)
+    a = to_np(layer(q, v, k))
+    # keras.layers.MultiHeadAttention cannot run value_dim != key_dim on the jax backend
+    # (its jax dot_product_attention reshapes the values with the key width); the weights
+    # still round-trip above, and multiattn is checked against the oracle below.
+    if not (BACKEND == "jax" and layer.value_dim != layer.key_dim):
+        compare(f"multiattn-keras mha {case} [{BACKEND}]", a, to_np(other(q, v, k)), PAIR_RTOL)
     compare(f"multiattn-oracle mha {case} [{BACKEND}]", a, oracle_mha(source.weights, q, v, k),
             ORACLE_RTOL)  # fmt: skip
 
