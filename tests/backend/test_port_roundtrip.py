@@ -205,9 +205,8 @@ def test_torch_mha_and_keras_mha_directly(backend):
 
 @torch_only
 def test_torch_document_additive_attention(backend):
-    import torch
-
     import multiattn.backends.torch as doc
+    import torch
 
     m = doc.AdditiveAttention(key_size=3, query_size=5, num_hiddens=4, dropout=0.0).eval()
     _randomise(m, seed=3)
