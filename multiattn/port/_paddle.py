@@ -52,8 +52,9 @@ def _mha_config(m: Any) -> dict:
 
 
 def _encoder_config(m: Any) -> dict:
-    act = getattr(m.activation, "__name__", "")
-    if act not in ("relu", "gelu"):
+    functions = {paddle.nn.functional.relu: "relu", paddle.nn.functional.gelu: "gelu"}
+    act = functions.get(m.activation)
+    if act is None:
         raise ValueError(
             "paddle.nn.TransformerEncoderLayer: only the relu and gelu activations have a "
             f"neutral equivalent; received {m.activation!r}."
