@@ -390,6 +390,8 @@ def convert_tensors(
     if config is None and num_heads is None and LAYOUT[src_fmt] in ("torch", "paddle"):
         raise PortError(f"--num-heads is required to read a {src_fmt} file.")
     kind, config, weights, src_names = to_neutral(LAYOUT[src_fmt], kind, tensors, config, num_heads)
+    if extra_config and kind != "encoder":
+        raise PortError("--norm-first, --epsilon and --activation apply to encoder files only.")
     if extra_config:
         config = check_config(kind, {**config, **extra_config})
     out, dst_names = from_neutral(LAYOUT[dst_fmt], kind, config, weights)

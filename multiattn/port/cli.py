@@ -103,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
             extra["epsilon"] = args.epsilon
         if args.activation is not None:
             extra["activation"] = args.activation
-        if extra and (args.module or meta.get("multiattn.kind")) != "encoder":
-            raise PortError("--norm-first, --epsilon and --activation apply to --module encoder.")
         conv = convert_tensors(
             tensors, meta, args.src_fmt, args.dst_fmt, args.module, args.num_heads, extra
         )

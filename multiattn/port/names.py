@@ -279,7 +279,10 @@ def neutral_to_paddle(kind: str, weights: dict, config: dict) -> dict[str, np.nd
 
 def _shape(flat: dict, name: str, where: str) -> tuple[int, ...]:
     if name not in flat:
-        raise ValueError(f"{where}: missing tensor {name!r} (needed to read the module's sizes).")
+        raise ValueError(
+            f"{where}: missing tensor {name!r} (needed to read the module's sizes; names that "
+            "carry a parent module's prefix need --prefix)."
+        )
     return tuple(int(d) for d in np.shape(flat[name]))
 
 
