@@ -109,7 +109,7 @@ def test_missing_and_extra_weights_are_named():
 
 
 def test_config_is_checked():
-    with pytest.raises(ValueError, match="d_model.*divisible"):
+    with pytest.raises(ValueError, match=r"d_model.*divisible"):
         expected_shapes("encoder", {"d_model": 5, "num_heads": 2, "dff": 3})
     with pytest.raises(ValueError, match="missing key 'use_bias'"):
         expected_shapes("mha", {"num_heads": 1, "key_dim": 1, "value_dim": 1, "query_width": 1,
