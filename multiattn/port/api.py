@@ -11,9 +11,8 @@ import sys
 from typing import Any
 
 from .layout import PortableWeights, check_config, check_weights, expected_shapes
-from .names import infer_config
 
-__all__ = ["TARGETS", "convert", "detect", "get_weights", "set_weights"]
+__all__ = ["TARGETS", "build", "convert", "detect", "get_weights", "set_weights"]
 
 # target name -> (module whose presence in sys.modules means the framework is loaded,
 #                 handler module inside multiattn.port). Checked in this order.
@@ -141,8 +140,3 @@ def convert(module: Any, to: str, **options: Any) -> Any:
     target = build(to, source.kind, source.config, **options)
     set_weights(target, source)
     return target
-
-
-def config_from_weights(kind: str, weights: dict) -> dict:
-    """The shape config of neutral ``weights`` (used to build an unbuilt layer)."""
-    return infer_config("neutral", kind, weights)
