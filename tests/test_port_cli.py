@@ -114,9 +114,9 @@ def test_encoder_torch_file_with_config_flags(tmp_path):
     src = tmp_path / "enc.safetensors"
     save_file(w, str(src), metadata=metadata_for("encoder", ENCODER))
     ok(port(str(src), str(tmp_path / "enc.pt"), "--from", "safetensors", "--to", "torch"))
-    ok(port(str(tmp_path / "enc.pt"), str(tmp_path / "enc.h5"), "--from", "torch", "--to",
+    ok(port(str(tmp_path / "enc.pt"), str(tmp_path / "enc.weights.h5"), "--from", "torch", "--to",
             "keras", "--module", "encoder", "--num-heads", "2"))  # fmt: skip
-    ok(port(str(tmp_path / "enc.h5"), str(tmp_path / "back.safetensors"), "--from", "keras",
+    ok(port(str(tmp_path / "enc.weights.h5"), str(tmp_path / "back.safetensors"), "--from", "keras",
             "--norm-first", "true", "--epsilon", "1e-5", "--activation", "gelu"))  # fmt: skip
     back = load_portable(tmp_path / "back.safetensors")
     assert back.config == {**ENCODER, "norm_first": True, "epsilon": 1e-5, "activation": "gelu"}
@@ -160,7 +160,7 @@ def test_bad_tensors_are_refused_and_nothing_is_written(tmp_path, defect):
         needle = "'out_proj.bias' must have shape (8,); received (7,)"
     save_file(flat, str(tmp_path / "in.safetensors"))
     for to in ("safetensors", "keras", "torch"):
-        proc = port(str(tmp_path / "in.safetensors"), str(tmp_path / "out.bin"), "--from",
+        proc = port(str(tmp_path / "in.safetensors"), str(tmp_path / "out.weights.h5"), "--from",
                     "torch-safetensors", "--to", to, "--module", "mha", "--num-heads", "2")  # fmt: skip
         refused(proc, needle)
         only(tmp_path, "in.safetensors")
@@ -194,8 +194,17 @@ def test_existing_output_needs_force(tmp_path, mha_file):
     dst.write_bytes(b"old")
     refused(port(str(src), str(dst), "--from", "safetensors"), "--force")
     assert dst.read_bytes() == b"old"
+    dst.chmod(0o640)
     ok(port(str(src), str(dst), "--from", "safetensors", "--force"))
     assert load_portable(dst).config == MHA
+    assert dst.stat().st_mode & 0o777 == 0o640  # the replaced file keeps its mode
+    fresh = tmp_path / "fresh.safetensors"
+    ok(port(str(src), str(fresh), "--from", "safetensors"))
+    umask = os.umask(0)
+    os.umask(umask)
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
+    refused(port(str(src), str(tmp_path / "w.h5"), "--from", "safetensors", "--to", "keras"),
+            ".weights.h5")  # fmt: skip
 
 
 def test_interrupted_write_leaves_no_file(tmp_path, mha_file):

@@ -175,6 +175,14 @@ def _atomic(path: Path):
     os.close(fd)
     try:
         yield Path(tmp)
+        # mkstemp creates 0600; give the file the mode a plain open() would (or the old one's)
+        if path.exists():
+            mode = path.stat().st_mode & 0o777
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"--to {args.dst_fmt} writes a pickle, which loads only with code execution "
                 "enabled; pass --trust-pickle to write it anyway (safetensors is safer)."
             )
+        if args.dst_fmt in ("keras", "keras-mha") and not args.dst.name.endswith(".weights.h5"):
+            raise PortError(f"{args.dst}: Keras loads weight files only under a name ending in "
+                            "'.weights.h5'.")  # fmt: skip
         tensors, meta = read_tensors(args.src, args.src_fmt, trust_pickle=args.trust_pickle)
         if args.prefix:
             tensors = {
