@@ -32,8 +32,10 @@ class BertSentenceEncoder(keras.layers.Layer):
     ``num_layers`` `multiattn.layers.TransformerEncoderLayer` (post-LayerNorm, no dropout).
 
     Args:
-        vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_positions,
-            type_vocab_size: BERT's sizes (``hidden_size`` divisible by ``num_heads``).
+        vocab_size, hidden_size, num_layers, num_heads: BERT's sizes (``hidden_size``
+            divisible by ``num_heads``).
+        intermediate_size, max_positions, type_vocab_size: feed-forward width, number of
+            position embeddings, number of token types.
         epsilon: LayerNormalization epsilon (BERT: 1e-12).
         activation: feed-forward activation; ``"gelu"`` is Keras' exact (erf) GELU, as BERT.
         normalize: L2-normalise the pooled embedding (sentence-transformers' ``Normalize``).
