@@ -129,3 +129,26 @@ def test_mha_layout_without_bias():
     }
     with pytest.raises(ValueError, match="torch/paddle MultiHeadAttention needs key_dim"):
         neutral_to_torch("mha", random_weights("mha", config), config)
+
+
+def test_detection_imports_only_the_module_framework():
+    """A torch module is read with torch alone: no Keras, TensorFlow, JAX or Paddle."""
+    code = (
+        "import sys, torch\n"
+        "from multiattn import port\n"
+        "m = torch.nn.MultiheadAttention(4, 2, kdim=3)\n"
+        "w = port.get_weights(m)\n"
+        "assert port.detect(m) == 'torch' and w.config['key_width'] == 3\n"
+        "port.set_weights(m, w)\n"
+        "try:\n"
+        "    port.detect(object())\n"
+        "except TypeError as err:\n"
+        "    assert 'unsupported module of type builtins.object' in str(err)\n"
+        "else:\n"
+        "    raise AssertionError('no TypeError')\n"
+        "print(sorted(m for m in ('keras', 'tensorflow', 'jax', 'paddle', 'flax') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
