@@ -152,3 +152,21 @@ def test_detection_imports_only_the_module_framework():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_save_and_load_portable_round_trip(tmp_path):
+    from safetensors.numpy import save_file
+
+    from multiattn.port import load_portable, save_portable
+    from multiattn.port.checkpoint import PortError
+
+    config = {"d_model": 6, "num_heads": 3, "dff": 4, "norm_first": True, "epsilon": 1e-5,
+              "activation": "gelu"}  # fmt: skip
+    pw = PortableWeights("encoder", config, random_weights("encoder", config, seed=7))
+    save_portable(pw, tmp_path / "enc.safetensors")
+    back = load_portable(tmp_path / "enc.safetensors")
+    assert back.kind == "encoder" and back.config == pw.config
+    assert_same_weights(back, pw)
+    save_file(pw.weights, str(tmp_path / "bare.safetensors"))
+    with pytest.raises(PortError, match=r"no 'multiattn\.kind' metadata"):
+        load_portable(tmp_path / "bare.safetensors")
