@@ -264,6 +264,8 @@ class KerasNativeTarget(_Native):
 
         self.keras = keras
         self.name = f"native-keras-{keras.backend.backend()}"
+        if keras.backend.backend() == "jax":  # compiles every call: float32 only, to stay short
+            self.dtypes = ("float32",)
 
     def unchecked(self, case: Case) -> tuple[str, ...]:
         return ()
