@@ -200,5 +200,12 @@ def test_bad_arguments_are_usage_errors(args, message):
 def test_list_shows_every_builtin_target():
     proc = run_conformance("--list")
     assert proc.returncode == 0
-    for name in ("keras-jax", "paddle", "adapter-torch", "adapter-tensorflow", "adapter-paddle"):
+    for name in (
+        "keras-jax",
+        "paddle",
+        "adapter-torch",
+        "adapter-tensorflow",
+        "adapter-paddle",
+        *NATIVE,
+    ):
         assert name in proc.stdout
