@@ -44,7 +44,7 @@ def family_rows(results: dict[str, dict]) -> list[dict]:
             if not ran:
                 continue  # a family the target does not implement
             errs = [case_error(e) for e in ran]
-            failed = [e["case"] for e in ran if e["status"] != "pass"]
+            failed = [e["case"] for e in ran if e["status"] not in ("pass", "depart")]
             rows.append(
                 {
                     "target": target,
@@ -53,6 +53,7 @@ def family_rows(results: dict[str, dict]) -> list[dict]:
                     "cases": len(ran),
                     "skipped": len(events) - len(ran),
                     "failed": failed,
+                    "departed": [e["case"] for e in ran if e["status"] == "depart"],
                     "max_abs": max((a for a, _ in errs), default=None),
                     "max_rel": max((r for _, r in errs), default=None),
                 }
@@ -83,18 +84,77 @@ def print_table(results: dict[str, dict], console: Any) -> None:
         cases = f"{row['cases']}" + (f" +{row['skipped']} skip" if row["skipped"] else "")
         fmt = lambda v: "" if v is None else ("inf" if math.isinf(v) else f"{v:.1e}")  # noqa: E731
         result = style[row["status"]]
+        if row["departed"]:
+            result += f" [blue]({len(row['departed'])} recorded departures)[/]"
         if row["failed"]:
             result += (
                 " " + ", ".join(row["failed"][:3]) + (" ..." if len(row["failed"]) > 3 else "")
             )
         table.add_row(name, row["family"], cases, fmt(row["max_abs"]), fmt(row["max_rel"]), result)
     console.print(table)
+    print_native_summary(results, console)
+
+
+def native_summary(results: dict[str, dict]) -> list[dict]:
+    """Per informative target (a framework's own layer): how many cases agree with the
+    oracle, depart in a recorded way, are not applicable, or fail; and the departures."""
+    rows = []
+    for target, res in results.items():
+        if not res.get("informative"):
+            continue
+        count = {"pass": 0, "depart": 0, "skip": 0, "fail": 0}
+        for e in res["cases"]:
+            count["fail" if e["status"] in ("fail", "error") else e["status"]] += 1
+        rows.append(
+            {
+                "target": target,
+                "status": res["status"],
+                "agree": count["pass"],
+                "depart": count["depart"],
+                "n/a": count["skip"],
+                "fail": count["fail"],
+                "departures": [
+                    (e["case"], e.get("reason", ""))
+                    for e in res["cases"]
+                    if e["status"] in ("depart", "fail", "error")
+                ],
+            }
+        )
+    return rows
+
+
+def print_native_summary(results: dict[str, dict], console: Any) -> None:
+    from rich.table import Table
+
+    rows = native_summary(results)
+    if not rows:
+        return
+    table = Table(
+        title="frameworks' own layers: agree with the oracle / recorded departure "
+        "(fully masked rows) / not applicable / FAIL"
+    )
+    for col in ("target", "agree", "depart", "n/a", "fail"):
+        table.add_column(col, justify="left" if col == "target" else "right")
+    for row in rows:
+        fail = f"[red]{row['fail']}[/]" if row["fail"] else "0"
+        table.add_row(row["target"], str(row["agree"]), str(row["depart"]), str(row["n/a"]), fail)
+    console.print(table)
+    for row in rows:
+        for case, reason in row["departures"]:
+            console.print(f"  {row['target']} {case}: {reason}", highlight=False, soft_wrap=True)
 
 
 def write_json(results: dict[str, dict], path: Path, meta: dict) -> None:
     Path(path).write_text(
         json.dumps(
-            {**meta, "targets": results, "summary": family_rows(results)}, indent=1, default=str
+            {
+                **meta,
+                "targets": results,
+                "summary": family_rows(results),
+                "native": native_summary(results),
+            },
+            indent=1,
+            default=str,
         )
     )
 
@@ -102,6 +162,8 @@ def write_json(results: dict[str, dict], path: Path, meta: dict) -> None:
 def _color(rel: float | None, tol: float | None, status: str) -> str:
     if status == "skip" or rel is None:
         return "#eeeeee"
+    if status == "depart":
+        return "#4575b4"
     if status != "pass":
         return "#d73027"
     # green (tiny error) to yellow (at the tolerance) on a log scale
@@ -131,7 +193,7 @@ def write_html(results: dict[str, dict], path: Path, meta: dict) -> None:
             if e is None:
                 cells.append('<td style="background:#fff"></td>')
                 continue
-            _, rel = case_error(e) if e["status"] in ("pass", "fail") else (None, None)
+            _, rel = case_error(e) if e["status"] in ("pass", "fail", "depart") else (None, None)
             tol = max((m.get("tol", 0) for m in (e.get("metrics") or {}).values()), default=None)
             title = f"{target} / {c}: {e['status']}" + (
                 f", max rel {rel:.2e} (tol {tol:.0e})" if rel is not None and tol else ""
@@ -153,7 +215,8 @@ th.c{{height:190px;white-space:nowrap;vertical-align:bottom}} th.c div{{transfor
 tbody th{{text-align:right;padding-right:8px;font-size:13px}}</style></head><body>
 <h1>multiattn conformance</h1><p>{html.escape(json.dumps(meta))}</p>
 <p>Cell colour: max relative error against the float64 oracle on a log scale, green (far below the case's
-tolerance) to yellow (at the tolerance); red: failed or errored; grey: the target does not support the case.
+tolerance) to yellow (at the tolerance); red: failed or errored; blue: a framework's own layer departs on fully
+masked rows as recorded; grey: the target does not support the case.
 Hover a cell for the numbers.</p>
 <table><thead><tr><th></th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></body></html>"""
     Path(path).write_text(doc)

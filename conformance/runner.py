@@ -86,11 +86,13 @@ def run_target(spec: TargetSpec, args: argparse.Namespace, on_event) -> dict:
     stderr_chunks: list[str] = []
     reader = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
     reader.start()
-    cases, done = [], False
+    cases, done, informative = [], False, False
     for line in proc.stdout:
         if not line.startswith("{"):
             continue
         event = json.loads(line)
+        if event["event"] == "start":
+            informative = bool(event.get("informative"))
         if event["event"] == "case":
             cases.append(event)
         done |= event["event"] == "done"
@@ -105,8 +107,9 @@ def run_target(spec: TargetSpec, args: argparse.Namespace, on_event) -> dict:
             "reason": f"exit code {proc.returncode}: " + " | ".join(tail),
             "cases": cases,
             "seconds": elapsed,
+            "informative": informative,
         }
-    return {"status": "ran", "cases": cases, "seconds": elapsed}
+    return {"status": "ran", "cases": cases, "seconds": elapsed, "informative": informative}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     crashed = [t for t, r in results.items() if r["status"] == "crashed"]
     skipped = [t for t, r in results.items() if r["status"] == "skipped"]
     ran = sum(
-        1 for r in results.values() for e in r["cases"] if e["status"] in ("pass", "fail", "error")
+        1
+        for r in results.values()
+        for e in r["cases"]
+        if e["status"] in ("pass", "depart", "fail", "error")
     )
     for target, case in failed[:20]:
         console.print(f"[red]FAILED[/] {target} {case}")

@@ -103,6 +103,49 @@ for _spec in (
     BUILTIN[_spec.name] = _spec
 
 
+# The frameworks' own layers: informative targets whose recorded departures on fully
+# masked rows are not failures (see multiattn.conformance.departures).
+_NATIVE = "multiattn.conformance.target_native:"
+for _spec in (
+    TargetSpec(
+        "native-torch",
+        _NATIVE + "TorchNativeTarget",
+        {"KERAS_BACKEND": None},
+        ("torch",),
+        "torch",
+        "torch's own F.scaled_dot_product_attention and nn.MultiheadAttention",
+    ),
+    TargetSpec(
+        "native-jax",
+        _NATIVE + "JaxNativeTarget",
+        {"KERAS_BACKEND": None, "JAX_ENABLE_X64": "1"},
+        ("jax", "flax"),
+        "jax",
+        "jax.nn.dot_product_attention and flax.nnx.MultiHeadAttention",
+    ),
+    *(
+        TargetSpec(
+            f"native-keras-{backend}",
+            _NATIVE + "KerasNativeTarget",
+            {"KERAS_BACKEND": backend, **({"JAX_ENABLE_X64": "1"} if backend == "jax" else {})},
+            (backend,),
+            backend,
+            f"keras.layers.MultiHeadAttention on Keras' {backend} backend",
+        )
+        for backend in ("jax", "torch", "tensorflow")
+    ),
+    TargetSpec(
+        "native-paddle",
+        "multiattn.conformance.target_native_paddle:PaddleNativeTarget",
+        {"KERAS_BACKEND": None},
+        ("paddle",),
+        "",
+        "paddle.nn.MultiHeadAttention",
+    ),
+):
+    BUILTIN[_spec.name] = _spec
+
+
 def discovered() -> dict[str, TargetSpec]:
     """Targets registered by installed packages (entry point group
     ``multiattn.conformance_targets``: ``name = "module:callable"``)."""

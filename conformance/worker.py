@@ -2,9 +2,12 @@
 
     python -m multiattn.conformance.worker --target keras-jax [--fixtures DIR] [--cases GLOB]
 
-Events: ``{"event": "start", "target", "total"}``, ``{"event": "case", "case", "family",
-"dtype", "status", "metrics" | "reason"}`` for every case, ``{"event": "done"}``. Status is
-``pass``, ``fail``, ``skip`` (the target does not support the case) or ``error`` (it raised).
+Events: ``{"event": "start", "target", "total", "informative"}``, ``{"event": "case",
+"case", "family", "dtype", "status", "metrics" | "reason"}`` for every case,
+``{"event": "done"}``. Status is ``pass``, ``fail``, ``skip`` (the target does not support
+the case) or ``error`` (it raised); an informative target (a framework's own layer,
+``informative = True``) may also report ``depart``: a recorded departure on fully masked
+rows (see `multiattn.conformance.departures`), with what departed in ``reason``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import fixtures
+from . import departures, fixtures
 
 
 def emit(**event: Any) -> None:
@@ -28,13 +31,18 @@ def emit(**event: Any) -> None:
 
 
 def compare(
-    case: fixtures.Case, result: dict[str, np.ndarray], overrides: dict[str, float]
+    case: fixtures.Case,
+    result: dict[str, np.ndarray],
+    overrides: dict[str, float],
+    unchecked: tuple[str, ...] = (),
 ) -> dict:
     """Max absolute and relative error of every expected array; pass/fail against tolerances.
 
     Relative error is ``max|got - want| / max|want|`` for outputs; for gradients the
     denominator is the largest expected gradient of the case, since some gradients are
     exactly zero (the key bias never changes a softmax) and have no scale of their own.
+    Expected arrays named in ``unchecked`` (ones the target's layer does not return, such
+    as the weights of a fused attention function) are not compared.
     """
     metrics = {}
     grad_scale = max((float(np.abs(g).max(initial=0.0)) for g in case.grads.values()), default=0.0)
@@ -42,6 +50,8 @@ def compare(
     tolerance = {**case.tolerance, **overrides}
     expected = {**case.expected, **{f"grad/{k}": v for k, v in case.grads.items()}}
     for key, want in expected.items():
+        if key in unchecked:
+            continue
         if key not in result:
             if key.startswith("grad/") and not any(k.startswith("grad/") for k in result):
                 continue  # the target computes no gradients (inference-only framework)
@@ -115,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         c for c in fixtures.load(args.fixtures) if any(fnmatch.fnmatch(c.name, p) for p in patterns)
     ]
     overrides = json.loads(args.tolerance)
-    emit(event="start", target=name, total=len(cases))
+    informative = bool(getattr(target, "informative", False))
+    emit(event="start", target=name, total=len(cases), informative=informative)
     for case in cases:
         base = {"event": "case", "case": case.name, "family": case.family, "dtype": case.dtype}
         support = target.supports(case) if hasattr(target, "supports") else True
@@ -124,8 +135,21 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:
             result = target.run(case)
-            verdict = compare(case, result, overrides.get(case.dtype, {}))
+            unchecked = tuple(target.unchecked(case)) if hasattr(target, "unchecked") else ()
+            verdict = compare(case, result, overrides.get(case.dtype, {}), unchecked)
+            status, note = ("pass" if verdict["passed"] else "fail"), ""
+            if informative:
+                status, note = departures.verdict(
+                    getattr(target, "name", name), case, verdict["passed"], result
+                )
         except Exception as err:  # reported, never fatal for the other cases
+            if informative:  # a recorded error of a framework's own layer is a departure
+                status, note = departures.verdict(
+                    getattr(target, "name", name), case, False, None, f"{type(err).__name__}: {err}"
+                )
+                if status == "depart":
+                    emit(**base, status=status, reason=note)
+                    continue
             emit(
                 **base,
                 status="error",
@@ -133,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                 trace=traceback.format_exc()[-3000:],
             )
             continue
-        emit(**base, status="pass" if verdict["passed"] else "fail", metrics=verdict["metrics"])
+        extra = {"reason": note} if note else {}
+        emit(**base, status=status, metrics=verdict["metrics"], **extra)
     emit(event="done")
     return 0
 

@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "bench", help="time multiattn against each framework's own attention", add_help=False
     )
+    sub.add_parser("port", help="convert a weight file between frameworks", add_help=False)
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["conformance"]:
@@ -32,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         from multiattn.bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["port"]:
+        from multiattn.port.cli import main as port_main
+
+        return port_main(argv[1:])
     args = parser.parse_args(argv)
     if args.version:
         from importlib.metadata import version

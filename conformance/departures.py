@@ -1,0 +1,300 @@
+"""Where the frameworks' own attention layers depart from the oracle, and the record of it.
+
+Native targets (``native-*``, `multiattn.conformance.target_native`) run each framework's
+own layer on the cases it can express. They are informative: the oracle gives a query row
+in which no key may be attended ("empty row") zero weights, and the frameworks do not all
+agree (NaN, uniform weights; see ``docs/fully-masked-rows.md``). For a native target a
+case is one of
+
+* ``pass``: agrees with the oracle within the case's tolerance;
+* ``depart``: departs, **only** on empty rows, in the way recorded in `KNOWN` below;
+* ``fail``: departs anywhere else, or differently from the record, or a recorded
+  departure did not occur (the record is then out of date);
+* ``skip``: not applicable (the layer cannot express the case).
+
+`classify` measures a departure: for each returned array, the worst relative error over
+the rows that have an allowed key (these must agree) and what the empty rows hold:
+``"nan"``, ``"uniform"`` (weights ``1/keys``; for an output, the mean of the values that
+weights ``1/keys`` give), ``"unmasked"`` (the softmax over every key, as if the row had
+no mask) or ``"zeros"`` (what the oracle wants, so no departure).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from multiattn import reference as ref
+
+from .fixtures import Case
+
+
+@dataclass(frozen=True)
+class Departure:
+    """A recorded departure on the cases matching the glob ``cases``:
+
+    * ``empty``: array name -> what its empty rows hold (``"nan"``, ``"uniform"``,
+      ``"unmasked"``);
+    * ``within``: the rows with an allowed key agree only to this relative error (the
+      layer computes in a lower precision than the case's dtype);
+    * ``raises``: the layer raises an error whose message contains this text.
+    """
+
+    cases: str
+    empty: dict[str, str] = field(default_factory=dict)
+    within: float | None = None
+    raises: str = ""
+    why: str = ""
+
+
+# sdpa cases with an empty row (a zero length, an all-False mask row, or more queries than
+# keys under a bottom-right causal mask)
+_EMPTY = (
+    "sdpa_lens_1d_*",
+    "sdpa_lens_2d_*",
+    "sdpa_mask_*",
+    "sdpa_causal_more_queries_*",
+    "sdpa_blockwise_lens_1d_*",
+    "sdpa_blockwise_lens_2d_*",
+    "sdpa_blockwise_mask_*",
+    "sdpa_blockwise_causal_more_queries_*",
+    "sdpa_blockwise_everything_*",
+)
+_F32_LOGITS = "computes float64 attention logits in float32"
+_KERAS_MHA = (
+    Departure(
+        "mha_masked_rows_*",
+        {"output": "uniform"},
+        why="the fused path (ops.dot_product_attention) gives uniform rows; the explicit path, "
+        "taken with return_attention_scores=True, gives zeros",
+    ),
+)
+
+# Measured by running the frameworks (torch 2.13.0, jax 0.10.2, flax 0.12.8, keras 3.15.1,
+# tensorflow 2.21.0, paddlepaddle 3.3.1, CPU). A case with an empty row that is not listed
+# for a target agrees with the oracle there (the layer gives zeros).
+KNOWN: dict[str, tuple[Departure, ...]] = {
+    "native-torch": (
+        Departure(
+            "mha_masked_rows_*",
+            {"output": "nan", "weights": "nan"},
+            why="nn.MultiheadAttention with need_weights=True fills masked scores with -inf",
+        ),
+    ),
+    "native-jax": (
+        *(
+            Departure(p, {"output": "uniform"}, why="masked scores become a large negative number")
+            for p in _EMPTY
+        ),
+        Departure(
+            "mha_masked_rows_*",
+            {"output": "uniform"},
+            why="flax.nnx.MultiHeadAttention masks with the dtype's lowest value",
+        ),
+        Departure("*_f64", within=1e-6, why=_F32_LOGITS),
+    ),
+    "native-keras-jax": (  # run in float32 only
+        *_KERAS_MHA,
+        Departure(
+            "mha_value_dim_*",
+            raises="cannot reshape",
+            why="the fused path on jax needs value_dim == key_dim",
+        ),
+    ),
+    "native-keras-torch": (*_KERAS_MHA, Departure("*_f64", within=1e-6, why=_F32_LOGITS)),
+    "native-keras-tensorflow": (*_KERAS_MHA, Departure("*_f64", within=1e-7, why=_F32_LOGITS)),
+    "native-paddle": (
+        Departure(
+            "mha_masked_rows_f32",
+            {"output": "uniform", "weights": "uniform"},
+            why="a boolean attn_mask becomes the additive (mask - 1) * 1e9",
+        ),
+        Departure(
+            "mha_masked_rows_f64",
+            {"output": "unmasked", "weights": "unmasked"},
+            why="in float64, adding -1e9 to every score of a row keeps their differences",
+        ),
+    ),
+}
+
+
+KIND_TOL = 1e-4  # how close an empty row must be to an answer to be called that answer
+
+
+def recorded(target: str, case_name: str) -> Departure | None:
+    """Every recorded departure of ``target`` matching ``case_name``, merged into one."""
+    found = [d for d in KNOWN.get(target, ()) if fnmatch.fnmatch(case_name, d.cases)]
+    if not found:
+        return None
+    within = [d.within for d in found if d.within is not None]
+    return Departure(
+        case_name,
+        {k: v for d in found for k, v in d.empty.items()},
+        max(within) if within else None,
+        next((d.raises for d in found if d.raises), ""),
+        "; ".join(d.why for d in found if d.why),
+    )
+
+
+# --- measuring a departure ---------------------------------------------------------------
+
+
+def keep_mask(case: Case, heads: int = 1) -> np.ndarray:
+    """The case's allowed (query, key) pairs, bool ``(batch, heads, queries, keys)``, from
+    its valid lengths, boolean mask and causal flag (oracle helpers, float64 side)."""
+    if case.op == "sdpa":
+        b, tq = case.inputs["query"].shape[:2]
+        tk = case.inputs["key"].shape[1]
+    elif case.op == "mha":
+        b, tq = case.inputs["query"].shape[:2]
+        tk = tq if case.params.get("self") else case.inputs["value"].shape[1]
+    else:
+        raise ValueError(f"keep_mask: op {case.op!r} has no attention rows")
+    shape = (b, heads, tq, tk)
+    keep = np.ones(shape, dtype=bool)
+    if "valid_lens" in case.inputs:
+        keep &= ref.valid_lens_mask(case.inputs["valid_lens"], shape)
+    if "mask" in case.inputs:
+        m = np.asarray(case.inputs["mask"], dtype=bool)
+        keep &= m[:, None] if m.ndim == 3 else m
+    if case.params.get("causal"):
+        keep &= ref.causal_mask(tq, tk)
+    return keep
+
+
+def _alternatives(case: Case, array: str) -> dict[str, np.ndarray]:
+    """What ``array`` would be in every row under two other answers for an empty row:
+    ``"uniform"`` (weights ``1/keys`` on every key) and ``"unmasked"`` (the softmax over
+    every key, as if there were no mask: what an additive mask of large finite values
+    gives when the dtype is precise enough to keep the scores' differences)."""
+    from .cases import _mha_kernels
+
+    want = case.expected[array]
+    p, x = case.params, case.inputs
+    if case.op == "sdpa":
+        free = ref.scaled_dot_product_attention(
+            x["query"], x["key"], x["value"], scale=p.get("scale")
+        )
+    else:
+        value = x["query"] if p.get("self") else x["value"]
+        key = value if p.get("self") else x["key"]
+        free = ref.multi_head_attention(
+            x["query"], value, key, weights=_mha_kernels(case.weights, p)
+        )
+    unmasked = free[0] if array == "output" else free[1]
+    if array == "weights":
+        return {"uniform": np.full(want.shape, 1.0 / want.shape[-1]), "unmasked": unmasked}
+    if case.op == "sdpa":
+        mean = x["value"].mean(axis=-2, keepdims=True)  # (B, 1, dv)
+        return {"uniform": np.broadcast_to(mean, want.shape), "unmasked": unmasked}
+    # mha: the mean of the projected values of every head, then the output projection
+    w = _mha_kernels(case.weights, p)
+    value = x["query"] if p.get("self") else x["value"]
+    v = np.einsum("bte,ehd->bhtd", value, w["value_kernel"])
+    if "value_bias" in w:
+        v = v + w["value_bias"][None, :, None, :]
+    out = np.einsum("bhd,hdo->bo", v.mean(axis=2), w["output_kernel"])
+    if "output_bias" in w:
+        out = out + w["output_bias"]
+    return {"uniform": np.broadcast_to(out[:, None, :], want.shape), "unmasked": unmasked}
+
+
+def classify(case: Case, result: dict[str, np.ndarray], tol: float) -> dict[str, dict]:
+    """Per returned array: ``rest_rel`` (max relative error over rows with an allowed key),
+    ``empty_rows`` (how many) and ``empty`` (``"none"``, ``"zeros"``, ``"nan"``,
+    ``"uniform"``, ``"unmasked"`` or ``"other"``; for ``"other"`` also ``empty_rel``). Rows within ``tol``
+    (relative) of the oracle, or of uniform weights, count as equal."""
+    out = {}
+    for name in ("output", "weights"):
+        if name not in result or name not in case.expected:
+            continue
+        want = case.expected[name]
+        got = np.asarray(result[name], dtype=np.float64)
+        if got.shape != want.shape:
+            out[name] = {"shape": list(got.shape), "expected_shape": list(want.shape)}
+            continue
+        heads = want.shape[1] if name == "weights" and want.ndim == 4 else 1
+        empty = ~keep_mask(case, heads).any(axis=-1)  # (B, heads, Tq)
+        if name == "output" or want.ndim == 3:
+            empty = empty.any(axis=1) if name == "output" else empty[:, 0]  # (B, Tq)
+        scale = float(np.abs(want).max(initial=0.0)) or 1.0
+        err = np.abs(got - want) / scale
+        err = np.where(np.isnan(err), np.inf, err)
+        rows = err.max(axis=-1)  # one error per row
+        info: dict = {
+            "rest_rel": float(rows[~empty].max(initial=0.0)),
+            "empty_rows": int(empty.sum()),
+        }
+        if not empty.any():
+            info["empty"] = "none"
+        elif np.isnan(got[empty]).any():
+            info["empty"] = "nan"
+        elif rows[empty].max() <= tol:
+            info["empty"] = "zeros"
+        else:
+            info["empty"] = "other"
+            info["empty_rel"] = float(rows[empty].max())
+            for kind, alt in _alternatives(case, name).items():
+                # the kind of answer, not its precision: -1e9 added in float64 rounds
+                # the scores to about 1e-7
+                if float(np.abs(got[empty] - alt[empty]).max() / scale) <= max(tol, KIND_TOL):
+                    info["empty"] = kind
+                    del info["empty_rel"]
+                    break
+        out[name] = info
+    return out
+
+
+def verdict(
+    target: str, case: Case, passed: bool, result: dict | None, error: str = ""
+) -> tuple[str, str]:
+    """Status (``pass`` / ``depart`` / ``fail``) of a native target's case and a one-line
+    description. ``error``: the message of an exception the layer raised (then
+    ``result`` is None)."""
+    dep = recorded(target, case.name)
+    if error:
+        if dep is not None and dep.raises and dep.raises in error:
+            return "depart", f"raises: {error.splitlines()[0][:160]}"
+        return "fail", error
+    if dep is not None and dep.raises:
+        return "fail", f"the recorded error ({dep.raises!r}) was not raised"
+    if passed:
+        if dep is None or (not dep.empty and dep.within is not None):
+            return "pass", ""  # a precision allowance is not required to be used
+        return "fail", f"the recorded departure ({_describe(dep.empty)}) did not occur"
+    tol = case.tolerance["output"]
+    if dep is not None and dep.within is not None:
+        tol = max(tol, dep.within)
+    found = classify(case, result or {}, tol)
+    text = []
+    for name, info in found.items():
+        if "shape" in info:
+            return "fail", f"{name} has shape {info['shape']}, expected {info['expected_shape']}"
+        if info["rest_rel"] > case.tolerance["output"]:
+            rel = info["rest_rel"]
+            text.append(
+                f"{name} off by {'inf' if math.isinf(rel) else f'{rel:.1e}'} on rows with keys"
+            )
+        if info["empty"] in ("nan", "uniform", "unmasked", "other"):
+            extra = f" (error {info['empty_rel']:.1e})" if info["empty"] == "other" else ""
+            text.append(f"{name} {info['empty']}{extra} on {info['empty_rows']} empty rows")
+    description = "; ".join(text) or "departs"
+    observed = {
+        n: i["empty"] for n, i in found.items() if i.get("empty") in ("nan", "uniform", "unmasked")
+    }
+    clean = all(i["rest_rel"] <= tol and i["empty"] != "other" for i in found.values())
+    if dep is not None and clean and observed == dep.empty:
+        return "depart", description
+    if dep is not None:
+        return "fail", f"{description}; recorded: {_describe(dep.empty, dep.within)}"
+    return "fail", description + " (not a recorded departure)"
+
+
+def _describe(empty: dict[str, str], within: float | None = None) -> str:
+    parts = [f"{name} {kind} on empty rows" for name, kind in empty.items()]
+    if within is not None:
+        parts.append(f"other rows within {within:.0e}")
+    return ", ".join(parts) or "none"

@@ -1,0 +1,27 @@
+"""Whole models assembled from multiattn layers and core functions.
+
+* `multiattn.models.checkpoint`: BERT checkpoints (``config.json``, ``model.safetensors``,
+  ``tokenizer.json``) read into the framework-neutral weight names of `multiattn.port`;
+  imports no framework.
+* `multiattn.models.bert`: `BertSentenceEncoder`, a BERT encoder with mean pooling as a
+  Keras layer (Keras jax, torch, tensorflow, numpy).
+* `multiattn.models.bert_paddle`: the same encoder on Paddle tensors, computed by the core
+  functions through the Paddle ops namespace.
+
+Submodules are imported on use, so ``import multiattn.models`` loads no framework.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SUBMODULES = ("bert", "bert_paddle", "checkpoint")
+
+__all__ = list(_SUBMODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'multiattn.models' has no attribute {name!r}")

@@ -1,0 +1,232 @@
+"""A BERT sentence encoder built from multiattn layers (Keras jax, torch, tensorflow, numpy).
+
+``BertSentenceEncoder`` is BERT's encoder (post-LayerNorm
+`multiattn.layers.TransformerEncoderLayer` blocks with exact GELU) under the embeddings
+BERT uses (token + position + token type, LayerNorm), followed by sentence-transformers'
+mean pooling over the real tokens and optional L2 normalisation. `from_checkpoint` reads
+a sentence-transformers directory (see `multiattn.models.checkpoint`) and loads the encoder
+blocks through `multiattn.port.set_weights`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from .._checks import check_positive_int
+from ..layers import LayerNormalization, TransformerEncoderLayer
+from .checkpoint import BertConfig, SentenceOptions, layer_weights, load_checkpoint
+
+__all__ = ["BertSentenceEncoder", "from_checkpoint", "set_bert_weights"]
+
+
+@keras.saving.register_keras_serializable(package="multiattn")
+class BertSentenceEncoder(keras.layers.Layer):
+    """BERT encoder with mean pooling: token ids -> one embedding per sentence.
+
+    Sublayers: ``word``, ``position``, ``token_type`` (``keras.layers.Embedding``),
+    ``embedding_norm`` (`multiattn.layers.LayerNormalization`) and ``blocks``, a list of
+    ``num_layers`` `multiattn.layers.TransformerEncoderLayer` (post-LayerNorm, no dropout).
+
+    Args:
+        vocab_size, hidden_size, num_layers, num_heads: BERT's sizes (``hidden_size``
+            divisible by ``num_heads``).
+        intermediate_size, max_positions, type_vocab_size: feed-forward width, number of
+            position embeddings, number of token types.
+        epsilon: LayerNormalization epsilon (BERT: 1e-12).
+        activation: feed-forward activation; ``"gelu"`` is Keras' exact (erf) GELU, as BERT.
+        normalize: L2-normalise the pooled embedding (sentence-transformers' ``Normalize``).
+
+    Call arguments:
+        token_ids: int ``(batch, seq)``, ``seq <= max_positions``.
+        attention_mask: int or bool ``(batch, seq)``; non-zero / True = a real token that
+            may be attended and is pooled, 0 / False = padding (gets exactly zero
+            attention weight and is left out of the mean).
+        token_type_ids: int ``(batch, seq)``, default all zeros.
+
+    Returns:
+        ``(batch, hidden_size)`` in the layer's compute dtype (float32 by default). A row
+        with no real token pools to zeros.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        num_layers: int,
+        num_heads: int,
+        intermediate_size: int,
+        max_positions: int = 512,
+        type_vocab_size: int = 2,
+        epsilon: float = 1e-12,
+        activation: str = "gelu",
+        normalize: bool = True,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        where = "BertSentenceEncoder"
+        sizes = {
+            "vocab_size": vocab_size,
+            "hidden_size": hidden_size,
+            "num_layers": num_layers,
+            "num_heads": num_heads,
+            "intermediate_size": intermediate_size,
+            "max_positions": max_positions,
+            "type_vocab_size": type_vocab_size,
+        }
+        for name, value in sizes.items():
+            setattr(self, name, check_positive_int(where, name, value))
+        if not isinstance(normalize, bool):
+            raise TypeError(f"{where}: `normalize` must be a bool; received {normalize!r}.")
+        self.normalize = normalize
+        self.epsilon = epsilon
+        self.activation = activation
+        dtype = self.dtype_policy
+        self.word = keras.layers.Embedding(vocab_size, hidden_size, name="word", dtype=dtype)
+        self.position = keras.layers.Embedding(
+            max_positions, hidden_size, name="position", dtype=dtype
+        )
+        self.token_type = keras.layers.Embedding(
+            type_vocab_size, hidden_size, name="token_type", dtype=dtype
+        )
+        self.embedding_norm = LayerNormalization(
+            epsilon=epsilon, name="embedding_norm", dtype=dtype
+        )
+        # TransformerEncoderLayer validates num_heads, epsilon and activation.
+        self.blocks = [
+            TransformerEncoderLayer(
+                hidden_size,
+                num_heads,
+                intermediate_size,
+                rate=0.0,
+                epsilon=epsilon,
+                activation=activation,
+                name=f"layer_{i}",
+                dtype=dtype,
+            )
+            for i in range(num_layers)
+        ]
+
+    def build(self, token_ids_shape, attention_mask_shape=None, token_type_ids_shape=None):
+        for emb in (self.word, self.position, self.token_type):
+            emb.build((None, None))
+        shape = (None, None, self.hidden_size)
+        self.embedding_norm.build(shape)
+        for block in self.blocks:
+            block.build(shape)
+
+    def call(self, token_ids, attention_mask, token_type_ids=None):
+        ops = keras.ops
+        where = "BertSentenceEncoder"
+        if len(token_ids.shape) != 2 or len(attention_mask.shape) != 2:
+            raise ValueError(
+                f"{where}: `token_ids` and `attention_mask` must be (batch, seq); received "
+                f"{tuple(token_ids.shape)} and {tuple(attention_mask.shape)}."
+            )
+        seq = token_ids.shape[1]
+        if seq is not None and seq > self.max_positions:
+            raise ValueError(
+                f"{where}: sequences may hold at most max_positions={self.max_positions} "
+                f"tokens; received token_ids of shape {tuple(token_ids.shape)}."
+            )
+        token_ids = ops.cast(token_ids, "int32")
+        if token_type_ids is None:
+            token_type_ids = ops.zeros_like(token_ids)
+        positions = ops.cumsum(ops.ones_like(token_ids), axis=1) - 1  # 0, 1, ... per row
+        # BERT's order: (word + token type) + position.
+        x = self.word(token_ids) + self.token_type(ops.cast(token_type_ids, "int32"))
+        x = self.embedding_norm(x + self.position(positions))
+        keep = ops.not_equal(attention_mask, 0)  # (batch, seq), True = real token
+        for block in self.blocks:
+            x = block(x, mask=keep)
+        weight = ops.expand_dims(ops.cast(keep, x.dtype), -1)
+        count = ops.maximum(ops.sum(weight, axis=1), 1e-9)
+        pooled = ops.sum(x * weight, axis=1) / count
+        if not self.normalize:
+            return pooled
+        norm = ops.sqrt(ops.sum(ops.square(pooled), axis=-1, keepdims=True))
+        return pooled / ops.maximum(norm, 1e-12)
+
+    def compute_output_shape(self, token_ids_shape, *args, **kwargs):
+        return (token_ids_shape[0], self.hidden_size)
+
+    def get_config(self) -> dict:
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "intermediate_size": self.intermediate_size,
+            "max_positions": self.max_positions,
+            "type_vocab_size": self.type_vocab_size,
+            "epsilon": self.epsilon,
+            "activation": self.activation,
+            "normalize": self.normalize,
+        }
+
+
+def set_bert_weights(encoder: BertSentenceEncoder, weights: dict[str, np.ndarray]) -> None:
+    """Assign neutral BERT weights (`multiattn.models.checkpoint` names) to ``encoder``.
+
+    The embeddings are assigned directly; each encoder block goes through
+    `multiattn.port.set_weights` with its ``layer_<i>/`` weights. Builds ``encoder`` first
+    if needed.
+
+    Raises:
+        ValueError: a weight is missing or has the wrong shape.
+    """
+    from ..port import set_weights
+
+    if not encoder.built:
+        encoder.build((None, None))
+    for name, emb in (
+        ("embeddings/word", encoder.word),
+        ("embeddings/position", encoder.position),
+        ("embeddings/token_type", encoder.token_type),
+    ):
+        _assign(name, emb.embeddings, weights)
+    _assign("embeddings/norm/gamma", encoder.embedding_norm.gamma, weights)
+    _assign("embeddings/norm/beta", encoder.embedding_norm.beta, weights)
+    for i, block in enumerate(encoder.blocks):
+        set_weights(block, layer_weights(weights, i))
+
+
+def _assign(name: str, variable: Any, weights: dict[str, np.ndarray]) -> None:
+    if name not in weights:
+        raise ValueError(f"set_bert_weights: `weights` has no {name!r}.")
+    value = np.asarray(weights[name])
+    if value.shape != tuple(variable.shape):
+        raise ValueError(
+            f"set_bert_weights: {name!r} must have shape {tuple(variable.shape)}; received "
+            f"{value.shape}."
+        )
+    variable.assign(value.astype(variable.dtype))
+
+
+def from_checkpoint(model_dir: str | Path) -> tuple[BertSentenceEncoder, SentenceOptions]:
+    """A `BertSentenceEncoder` with the weights of a sentence-transformers BERT directory.
+
+    Returns:
+        ``(encoder, options)``; ``options.max_length`` is the tokenizer's truncation length.
+    """
+    config, options, weights = load_checkpoint(model_dir)
+    encoder = BertSentenceEncoder(**_kwargs(config), normalize=options.normalize)
+    set_bert_weights(encoder, weights)
+    return encoder, options
+
+
+def _kwargs(config: BertConfig) -> dict[str, Any]:
+    return {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_layers": config.num_layers,
+        "num_heads": config.num_heads,
+        "intermediate_size": config.intermediate_size,
+        "max_positions": config.max_positions,
+        "type_vocab_size": config.type_vocab_size,
+        "epsilon": config.epsilon,
+    }

