@@ -54,13 +54,18 @@ def run_worker(script: str, *args: str, x64: bool = False, timeout: float = 600)
 
 
 @pytest.fixture(scope="module")
-def sharded():
-    return run_worker("jax_sharded.py", "equality")
+def sharded_report():
+    return run_worker("jax_sharded.py", "equality", "memory", x64=True)
 
 
 @pytest.fixture(scope="module")
-def memory():
-    return run_worker("jax_sharded.py", "memory")
+def sharded(sharded_report):
+    return sharded_report["equality"]
+
+
+@pytest.fixture(scope="module")
+def memory(sharded_report):
+    return sharded_report["memory"]
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +73,29 @@ def ring():
     return run_worker("jax_ring.py", x64=True)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("mode", ["data_parallel", "model_parallel"])
-def test_sharded_encoder_equals_single_device(sharded, mode):
+def test_sharded_encoder_equals_single_device(sharded, mode, dtype):
     assert sharded["devices"] == 8
-    errors = sharded[mode]
-    assert errors["forward"] <= F32_TOL, errors
-    assert errors["grad_weights"] <= F32_TOL, errors
-    assert errors["grad_input"] <= F32_TOL, errors
+    errors = sharded[f"{mode}_{dtype}"]
+    # float64 shows that sharding changes nothing but the order of the sums. In float32
+    # the output is within the conformance bound of the single-device output; a gradient
+    # sums over the whole batch in a different order on each side, and two float32
+    # results each within the bound of the exact one may differ by twice the bound.
+    tol = F64_TOL if dtype == "float64" else F32_TOL
+    grad_tol = F64_TOL if dtype == "float64" else 2 * F32_TOL
+    assert errors["forward"] <= tol, errors
+    assert errors["grad_input"] <= grad_tol, errors
+    assert errors["grad_weights"] <= grad_tol, errors
     # Zero in exact arithmetic; both runs must keep it at rounding level.
-    assert errors["grad_key_bias"] <= F32_TOL, errors
+    assert errors["grad_key_bias"] <= grad_tol, errors
+
+
+@pytest.mark.parametrize("mode", ["fit_data_parallel", "fit_model_parallel"])
+def test_model_fit_under_a_distribution_equals_single_device(sharded, mode):
+    errors = sharded[mode]
+    assert errors["weights"] <= F32_TOL, errors
+    assert errors["key_bias"] <= F32_TOL, errors
 
 
 def test_weights_are_sharded_as_the_layout_map_says(sharded):

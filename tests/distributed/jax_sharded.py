@@ -17,7 +17,7 @@ import keras
 import numpy as np
 from keras.distribution import DataParallel, DeviceMesh, distribute_tensor, list_devices
 
-from multiattn.distributed import layout_map, model_parallel, sharded_heads_rules
+from multiattn.distributed import layout_map, model_parallel
 from multiattn.layers import TransformerEncoderLayer
 
 D_MODEL, HEADS, DFF, BATCH, SEQ = 64, 8, 128, 8, 32
@@ -29,12 +29,34 @@ def rel_err(got, want) -> float:
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
-def make_layer(weights=None, d_model=D_MODEL, heads=HEADS, dff=DFF, batch=BATCH, seq=SEQ):
-    layer = TransformerEncoderLayer(d_model, heads, dff, rate=0.0, norm_first=True, seed=1)
+def make_layer(
+    weights=None, d_model=D_MODEL, heads=HEADS, dff=DFF, batch=BATCH, seq=SEQ, dtype="float32"
+):
+    layer = TransformerEncoderLayer(
+        d_model, heads, dff, rate=0.0, norm_first=True, seed=1, dtype=dtype
+    )
     layer.build((batch, seq, d_model))
     if weights is not None:
         layer.set_weights(weights)
     return layer
+
+
+def numpy_weights(layer, seed=2):
+    """Fixed random weights for ``layer`` (kernels scaled by 1/sqrt(fan-in), norms near
+    1 and 0, biases small), so that every run computes the same numbers."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for w in layer.weights:
+        shape = tuple(w.shape)
+        if w.path.endswith("gamma"):
+            value = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif len(shape) == 1 or w.path.endswith("_bias"):
+            value = 0.1 * rng.standard_normal(shape)
+        else:
+            fan_in = shape[0] if not w.path.endswith("output_kernel") else shape[0] * shape[1]
+            value = rng.standard_normal(shape) / np.sqrt(fan_in)
+        out.append(value.astype("float32"))
+    return out
 
 
 def forward_and_grads(layer, x, lens, probe, distribution=None):
@@ -79,35 +101,85 @@ def compare(reference, got, paths) -> dict:
     }
 
 
+def fit_weights(weights=None, distribution=None):
+    """Weights of a functional model around the layer after two epochs of ``model.fit``
+    (SGD, one batch of 8 per epoch, split over the batch axis by Keras)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((BATCH, SEQ, D_MODEL)).astype("float32")
+    y = rng.standard_normal((BATCH, SEQ, D_MODEL)).astype("float32")
+
+    def build():
+        inputs = keras.Input((SEQ, D_MODEL))
+        outputs = TransformerEncoderLayer(D_MODEL, HEADS, DFF, rate=0.0)(inputs, causal=True)
+        model = keras.Model(inputs, outputs)
+        model.set_weights(numpy_weights(model) if weights is None else weights)
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        return model
+
+    if distribution is None:
+        model = build()
+    else:
+        with distribution.scope():
+            model = build()
+    initial = [np.array(w) for w in model.get_weights()]
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    return initial, [np.array(w) for w in model.get_weights()], [w.path for w in model.weights]
+
+
+def compare_fit(reference, got) -> dict:
+    """Weights after ``fit`` against one device; the key bias (zero gradient in exact
+    arithmetic, initialised to zero) against the scale of all weights."""
+    (_, want, paths), (_, weights, _) = reference, got
+    scale = max(float(np.abs(w).max()) for w in want)
+    return {
+        "weights": max(
+            rel_err(a, b) for a, b, p in zip(weights, want, paths) if not p.endswith("key_bias")
+        ),
+        "key_bias": max(
+            float(np.abs(a - b).max()) / scale
+            for a, b, p in zip(weights, want, paths)
+            if p.endswith("key_bias")
+        ),
+    }
+
+
 def spec_axes(sharding, rank: int) -> list:
     spec = list(sharding.spec) + [None] * (rank - len(sharding.spec))
     return [a if a is None or isinstance(a, str) else list(a) for a in spec]
 
 
 def equality() -> dict:
+    """Forward and gradients in float32 and float64 (``JAX_ENABLE_X64=1``), and two
+    epochs of ``model.fit`` in float32: data parallel on 8 devices and model parallel on
+    a 2 x 4 mesh against one device; the shardings the weights got."""
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((BATCH, SEQ, D_MODEL)).astype("float32")
-    probe = rng.standard_normal((BATCH, SEQ, D_MODEL)).astype("float32")
+    x = rng.standard_normal((BATCH, SEQ, D_MODEL))
+    probe = rng.standard_normal((BATCH, SEQ, D_MODEL))
     lens = rng.integers(1, SEQ + 1, size=(BATCH,)).astype("int32")
-    single = make_layer()
-    weights = single.get_weights()
-    reference = forward_and_grads(single, x, lens, probe)
-    paths = [v.path.split("/", 1)[1] for v in single.trainable_variables]
-    report = {"devices": len(jax.devices())}
-
     data = DataParallel(device_mesh=DeviceMesh((8,), ("batch",), list_devices()))
-    with data.scope():
-        layer = make_layer(weights)
-        report["data_parallel"] = compare(
-            reference, forward_and_grads(layer, x, lens, probe, data), paths
-        )
-
     mesh = DeviceMesh((2, 4), ("batch", "model"), list_devices())
     model = model_parallel(mesh)
+    report = {"devices": len(jax.devices())}
+    for dtype in ("float32", "float64"):
+        xs, probes = x.astype(dtype), probe.astype(dtype)
+        single = make_layer(dtype=dtype)
+        weights = [w.astype(dtype) for w in numpy_weights(single)]
+        single.set_weights(weights)
+        reference = forward_and_grads(single, xs, lens, probes)
+        paths = [v.path.split("/", 1)[1] for v in single.trainable_variables]
+        for name, distribution in (("data_parallel", data), ("model_parallel", model)):
+            with distribution.scope():
+                layer = make_layer(weights, dtype=dtype)
+                got = forward_and_grads(layer, xs, lens, probes, distribution)
+            report[f"{name}_{dtype}"] = compare(reference, got, paths)
+
+    fit_single = fit_weights()
+    report["fit_data_parallel"] = compare_fit(fit_single, fit_weights(fit_single[0], data))
+    report["fit_model_parallel"] = compare_fit(fit_single, fit_weights(fit_single[0], model))
+
     with model.scope():
-        layer = make_layer(weights)
-        got = forward_and_grads(layer, x, lens, probe, model)
-        report["model_parallel"] = compare(reference, got, paths)
+        layer = make_layer([w.astype("float32") for w in weights])
+        out = forward_and_grads(layer, x.astype("float32"), lens, probe.astype("float32"), model)
         layouts = layout_map(mesh)
         report["weights"] = {
             v.path: {
@@ -119,8 +191,7 @@ def equality() -> dict:
             }
             for v in layer.weights
         }
-        report["output_spec"] = spec_axes(got[0].sharding, 3)
-    report["rules"] = {k: list(v) for k, v in sharded_heads_rules().items()}
+        report["output_spec"] = spec_axes(out[0].sharding, 3)
     return report
 
 
@@ -176,5 +247,6 @@ def memory() -> dict:
 
 
 if __name__ == "__main__":
-    part = sys.argv[1]
-    print(json.dumps(equality() if part == "equality" else memory()))
+    parts = {"equality": equality, "memory": memory}
+    names = sys.argv[1:] or list(parts)
+    print(json.dumps({name: parts[name]() for name in names}))
