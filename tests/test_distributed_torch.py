@@ -38,9 +38,9 @@ def test_ddp_step_equals_single_process_step_on_the_whole_batch():
     assert report["ranks_identical"] is True
     assert len(report["weights"]) == 16
     assert max(report["weights"].values()) <= F32_TOL, report["weights"]
-    # The change of each weight, a much smaller number than the weight, agrees too (the
-    # key kernel's gradient is a difference of nearly equal sums, hence the looser bound).
-    assert len(report["updates"]) == 15
-    assert max(report["updates"].values()) <= 1e-4, report["updates"]
+    # DDP's gradient (the average of the two halves') against the whole batch's: two
+    # float32 sums in different orders, each within the bound of the exact one.
+    assert len(report["gradients"]) == 16
+    assert max(report["gradients"].values()) <= 2 * F32_TOL, report["gradients"]
     # The steps moved the weights far beyond the tolerance, so the check can fail.
     assert report["largest_update"] > 1e3 * F32_TOL
