@@ -35,3 +35,12 @@ def test_layers_import_adds_nothing_beyond_keras(backend):
     # callback); multiattn must add nothing on top of what Keras loads.
     assert ours == keras_alone
     assert ours - {"jax"} <= {backend}
+
+
+def test_distributed_import_loads_no_framework():
+    stmt = (
+        "import multiattn.distributed, multiattn.distributed.layout\n"
+        "import multiattn.distributed.ring\n"
+        "multiattn.distributed.sharded_heads_rules()"
+    )
+    assert loaded_after(stmt, "torch") == set()
