@@ -25,6 +25,15 @@ def as_array(x: Any) -> Any:
     return np.asarray(x)
 
 
+def to_tensor(ops: Any, x: Any) -> Any:
+    """A NumPy array as a tensor of the ``ops`` namespace's framework (its dtype kept);
+    anything else unchanged. Arithmetic mixing NumPy arrays with framework tensors fails
+    on some backends (torch), so public entry points convert NumPy inputs first."""
+    if isinstance(x, np.ndarray):
+        return ops.convert_to_tensor(x, dtype=str(x.dtype) if x.dtype != np.bool_ else "bool")
+    return x
+
+
 def shape_of(x: Any) -> Shape:
     """Static shape of ``x`` with ``None`` for unknown dimensions."""
     shape = x.shape

@@ -32,6 +32,7 @@ from .._checks import (
     dims_match,
     fmt_shape,
     shape_of,
+    to_tensor,
 )
 from .._namespace import get_ops
 from . import blockwise
@@ -423,7 +424,7 @@ def score_attention(
     """
     where = "score_attention"
     ops = get_ops(scores, value, mask, valid_lens)
-    scores, value = as_array(scores), as_array(value)
+    scores, value = to_tensor(ops, as_array(scores)), to_tensor(ops, as_array(value))
     sdt = check_float(where, "scores", scores, ops)
     vdt = check_float(where, "value", value, ops)
     if sdt != vdt:

@@ -19,6 +19,7 @@ from .._checks import (
     check_rank,
     fmt_shape,
     shape_of,
+    to_tensor,
 )
 from .._checks import concrete as _concrete
 from .._namespace import get_ops
@@ -251,7 +252,7 @@ def masked_softmax(x: Any, valid_lens: Any = None, *, mask: Any = None, axis: in
     """
     where = "masked_softmax"
     ops = get_ops(x, valid_lens, mask)
-    x = as_array(x)
+    x = to_tensor(ops, as_array(x))
     check_float(where, "x", x, ops)
     shape = shape_of(x)
     check_rank(where, "x", shape, 1)

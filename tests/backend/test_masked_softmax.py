@@ -86,3 +86,24 @@ def test_gradient_finite_with_fully_masked_rows(dtype):
     scale = np.abs(want).max()
     bound = max(TOL[dtype] * 10, 1e-7)
     assert np.abs(grad - want).max() / scale <= bound
+
+
+@pytest.mark.parametrize("fn", ["masked_softmax", "score_attention", "sdpa"])
+def test_numpy_inputs_are_accepted_on_every_backend(fn):
+    """Plain NumPy arrays go in as they are (they become tensors of the backend)."""
+    x = rounded(X, "float32").astype("float32")
+    lens = np.array([2, 0, 6])
+    if fn == "masked_softmax":
+        got = ops.masked_softmax(x, lens)
+        want = ref.masked_softmax(x, valid_lens=lens)
+    elif fn == "score_attention":
+        value = RNG.standard_normal((3, 6, 5)).astype("float32")
+        got = ops.score_attention(x, value, valid_lens=lens)
+        want = ref.masked_softmax(x, valid_lens=lens) @ value
+    else:
+        q = RNG.standard_normal((3, 4, 8)).astype("float32")
+        kv = RNG.standard_normal((3, 6, 8)).astype("float32")
+        got = ops.scaled_dot_product_attention(q, kv, kv, valid_lens=lens)
+        want = ref.scaled_dot_product_attention(q, kv, kv, valid_lens=lens)[0]
+    assert keras.backend.standardize_dtype(got.dtype) == "float32"
+    assert_close(got, want, "float32")
