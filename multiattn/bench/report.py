@@ -200,8 +200,8 @@ def write_plot(report: dict, path: Path) -> None:
         ax_t.plot(
             lengths, [e["median_ms"] for e in long_ok], "o-", color=MULTIATTN_COLOR, label="auto"
         )
-        for path, style, color, label in series:
-            ok = [e for e in long.get(f"{path}_results", []) if e.get("status") == "ok"]
+        for route, style, color, label in series:
+            ok = [e for e in long.get(f"{route}_results", []) if e.get("status") == "ok"]
             ax_t.plot(
                 [e["length"] for e in ok],
                 [e["median_ms"] for e in ok],
