@@ -6,15 +6,20 @@ computes in ``call``; ``get_config`` is complete and ``.keras`` files round-trip
 
 from .attention import AdditiveAttention, DotProductAttention
 from .encoder import TransformerEncoderLayer
+from .feature_map import FeatureMapAttention
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization
 from .positional import PositionalEncoding
+from .seq2seq import Seq2SeqAttentionDecoder, Seq2SeqEncoder
 
 __all__ = [
     "AdditiveAttention",
     "DotProductAttention",
+    "FeatureMapAttention",
     "LayerNormalization",
     "MultiHeadAttention",
     "PositionalEncoding",
+    "Seq2SeqAttentionDecoder",
+    "Seq2SeqEncoder",
     "TransformerEncoderLayer",
 ]
