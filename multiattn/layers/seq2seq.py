@@ -277,6 +277,22 @@ class Seq2SeqAttentionDecoder(keras.layers.Layer):
         logits = keras.ops.stack(logits, axis=1)
         return (logits, keras.ops.stack(weights, axis=1)) if return_weights else logits
 
+    def compute_output_spec(
+        self,
+        targets,
+        enc_outputs,
+        state,
+        valid_lens=None,
+        return_weights=False,
+        training=None,
+    ):
+        batch, steps = tuple(targets.shape)
+        logits = keras.KerasTensor((batch, steps, self.vocab_size), dtype=self.compute_dtype)
+        if not return_weights:
+            return logits
+        src_len = tuple(enc_outputs.shape)[1]
+        return logits, keras.KerasTensor((batch, steps, src_len), dtype=self.compute_dtype)
+
     def step(self, tokens, enc_outputs, state, valid_lens=None):
         """One inference step.
 
