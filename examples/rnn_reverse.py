@@ -26,8 +26,8 @@ PAD, BOS, EOS, FIRST_DIGIT = 0, 1, 2, 3
 VOCAB = FIRST_DIGIT + 10
 MIN_LEN, MAX_LEN = 3, 8
 # (training sequences, epochs, batch size) of the full and the quick run
-FULL = (8000, 4, 256)
-QUICK = (3000, 3, 256)
+FULL = (8000, 4, 128)
+QUICK = (4000, 4, 128)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -50,6 +50,7 @@ def test_quick_examples_learn(backend, tmp_path):
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
     rnn, cap = json.loads(line[len("RESULTS ") :])
     assert rnn["backend"] == cap["backend"] == backend
+    print(json.dumps(rnn), json.dumps(cap), sep="\n")  # the reached numbers, with -s
     # Greedy decoding of held-out sequences; the full run reaches >= 0.99.
     assert rnn["token_accuracy"] >= 0.9, rnn
     # Kind, row and column of the marker; the row and column need the attention.
