@@ -808,7 +808,8 @@ VARIANTS: list[Variant] = [
             "decoder",
             "decoder",
             _decoder(nf, kv, rot),
-            tolerance=LAYER_TOL,
+            DOC_DTYPES,
+            LAYER_TOL,
         )
         for name, nf, kv, rot in (("post_ln", False, 4, False), ("pre_ln_gqa_rope", True, 2, True))
     ),
@@ -818,7 +819,8 @@ VARIANTS: list[Variant] = [
             "cache",
             "decoder_decode",
             _decoder(nf, kv, rot),
-            tolerance=LAYER_TOL,
+            DOC_DTYPES,
+            LAYER_TOL,
         )
         for name, nf, kv, rot in (
             ("post_ln", False, 4, False),

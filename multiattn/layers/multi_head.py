@@ -316,9 +316,14 @@ class MultiHeadAttention(keras.layers.Layer):
             k = self._project(ops, query, self.key_kernel, self.key_bias)
             v = self._project(ops, query, self.value_kernel, self.value_bias)
         q, k = self._rotate(q, k, cache_index, cache_index)
-        index = cache_index if isinstance(cache_index, int) else ops.cast(cache_index, "int32")
-        k_cache = ops.slice_update(k_cache, (0, index, 0, 0), ops.cast(k, k_cache.dtype))
-        v_cache = ops.slice_update(v_cache, (0, index, 0, 0), ops.cast(v, v_cache.dtype))
+        if isinstance(cache_index, int):
+            index, start = cache_index, (0, cache_index, 0, 0)
+        else:  # one index dtype for jax.lax.dynamic_update_slice
+            index = ops.cast(cache_index, "int32")
+            zero = ops.zeros_like(index)
+            start = (zero, index, zero, zero)
+        k_cache = ops.slice_update(k_cache, start, ops.cast(k, k_cache.dtype))
+        v_cache = ops.slice_update(v_cache, start, ops.cast(v, v_cache.dtype))
         # Query i (position index + i) sees the cached positions j <= index + i.
         positions = ops.expand_dims(ops.arange(qs[1], dtype="int32") + index, 1)
         keep = ops.less_equal(ops.arange(max_length, dtype="int32")[None, :], positions)

@@ -123,7 +123,7 @@ class PositionEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs, offset=0):
-        from .rotary import check_offset
+        from .rotary import check_offset, table_rows
 
         length = inputs.shape[1]
         if length is None:
@@ -133,12 +133,7 @@ class PositionEmbedding(keras.layers.Layer):
             )
         offset = check_offset("PositionEmbedding", offset, length, self.max_length)
         table = keras.ops.cast(self.embeddings, self.compute_dtype)
-        if isinstance(offset, int):
-            rows = table[offset : offset + length]
-        else:
-            rows = keras.ops.slice(
-                table, (keras.ops.cast(offset, "int32"), 0), (length, table.shape[1])
-            )
+        rows = table_rows(table, offset, length)
         return keras.ops.cast(inputs, self.compute_dtype) + rows
 
     def compute_output_shape(self, input_shape):

@@ -8,9 +8,23 @@ import keras
 
 from .._checks import check_positive_int, check_rank, fmt_shape, shape_of
 from .._namespace import get_ops
-from ..ops.rotary import _check_base, apply_rotary, rotary_table, table_rows
+from ..ops.rotary import _check_base, apply_rotary, rotary_table
 
-__all__ = ["RotaryEmbedding", "check_offset"]
+__all__ = ["RotaryEmbedding", "check_offset", "table_rows"]
+
+
+def table_rows(table: Any, offset: Any, length: int) -> Any:
+    """Rows ``offset .. offset + length - 1`` of a ``(positions, width)`` table.
+
+    ``offset`` is a Python int or an integer scalar tensor (traced under ``jax.jit`` or
+    ``tf.function``); the start indices then share its dtype (``jax.lax.dynamic_slice``
+    requires one index dtype).
+    """
+    if isinstance(offset, int):
+        return table[offset : offset + length]
+    offset = keras.ops.cast(offset, "int32")
+    start = (offset, keras.ops.zeros_like(offset))
+    return keras.ops.slice(table, start, (length, tuple(table.shape)[1]))
 
 
 def check_offset(where: str, offset: Any, length: int | None, max_length: int) -> Any:
@@ -86,8 +100,8 @@ class RotaryEmbedding(keras.layers.Layer):
         ops = get_ops(x)
         dtype = self.compute_dtype
         cos, sin = (ops.convert_to_tensor(t, dtype=dtype) for t in self._tables)
-        cos = table_rows(ops, cos, offset, shape[1])
-        sin = table_rows(ops, sin, offset, shape[1])
+        cos = table_rows(cos, offset, shape[1])
+        sin = table_rows(sin, offset, shape[1])
         return apply_rotary(ops, ops.cast(x, dtype), cos, sin)
 
     def compute_output_shape(self, input_shape):

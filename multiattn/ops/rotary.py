@@ -54,17 +54,6 @@ def apply_rotary(ops: Any, x: Any, cos: Any, sin: Any) -> Any:
     return ops.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def table_rows(ops: Any, table: Any, offset: Any, length: int) -> Any:
-    """Rows ``offset .. offset + length - 1`` of a ``(max_length, D/2)`` table.
-
-    ``offset`` may be a Python int or an integer scalar tensor (a traced one under
-    ``jax.jit`` or ``tf.function``).
-    """
-    if isinstance(offset, (int, np.integer)):
-        return table[int(offset) : int(offset) + length]
-    return ops.slice(table, (ops.cast(offset, "int32"), 0), (length, shape_of(table)[1]))
-
-
 def rotary_embedding(x: Any, *, offset: int = 0, base: float = 10000.0) -> Any:
     """Rotary position embedding of ``x`` ``(batch, seq, heads, dim)``.
 

@@ -19,8 +19,10 @@ from multiattn.ops.attention import attend
 
 RNG = np.random.default_rng(7)
 MHA_NAMES = ("query", "key", "value", "output")
+# float64 where the backend has it, and float32; every dtype runs in the conformance cases.
+FAST_DTYPES = tuple(dict.fromkeys((DTYPES[0], "float32")))
 SETTINGS = settings(
-    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 
 
@@ -70,9 +72,9 @@ def compiled(fn):
 # --- grouped-query attention ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
-@pytest.mark.parametrize("kind", ["cross_lens", "self_causal", "weights"])
+@pytest.mark.parametrize("kind", ["weights", "self_causal"])
 def test_grouped_query_attention_against_oracle(dtype, kv_heads, kind):
     """Hkv = 1 is multi-query attention: on TensorFlow the fused kernel rejects one key/value
     head, so this also checks that the core routes around it (float32 takes that path)."""
@@ -92,12 +94,12 @@ def test_grouped_query_attention_against_oracle(dtype, kv_heads, kind):
     qt = cast(q, dtype)
     vt = qt if kind == "self_causal" else cast(v, dtype)
     want, want_w = ref.multi_head_attention(q, v, weights=mha_weights(layer), **oracle)
+    got = layer(qt, vt, **call)  # the fused path where the backend has one (float32)
+    assert_close(got, want, dtype, LAYER_TOL)
     if kind == "weights":
         got, got_w = layer(qt, vt, return_weights=True, **call)
         assert_close(got_w, want_w, dtype, LAYER_TOL)
-    else:
-        got = layer(qt, vt, **call)
-    assert_close(got, want, dtype, LAYER_TOL)
+        assert_close(got, want, dtype, LAYER_TOL)
 
 
 @pytest.mark.parametrize("path", ["fused", "explicit", "blockwise"])
@@ -223,7 +225,7 @@ def _mha_for_cache(kv_heads, rotary, dtype="float32", value_dim=None):
     return layer
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
 @pytest.mark.parametrize(
     "kv_heads,rotary,value_dim", [(4, False, None), (2, True, None), (1, True, None), (2, False, 6)]
 )
@@ -281,7 +283,7 @@ def _decoder(norm_first, kv_heads, rotary, dtype="float32"):
     return layer
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
 @pytest.mark.parametrize("norm_first,kv_heads,rotary", [(False, 4, False), (True, 2, True)])
 def test_decoder_layer_against_oracle_full_and_cached(dtype, norm_first, kv_heads, rotary):
     layer = _decoder(norm_first, kv_heads, rotary, dtype)
