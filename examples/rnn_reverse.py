@@ -113,6 +113,8 @@ def main(argv=None) -> dict:
     model.compile(
         optimizer=keras.optimizers.Adam(1e-2, clipnorm=1.0),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        # XLA compilation of the unrolled decoder costs TensorFlow more than it saves here.
+        jit_compile=False if args.backend == "tensorflow" else "auto",
     )
     callbacks = [] if args.no_progress else [RichProgress(epochs, -(-n_train // batch))]
     fit_start = time.perf_counter()
