@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 
 from .._checks import check_positive_int, check_rank, check_rate, fmt_shape
 from ..ops.masking import valid_lens_to_mask
@@ -328,8 +329,8 @@ class Seq2SeqAttentionDecoder(keras.layers.Layer):
         where = "Seq2SeqAttentionDecoder.decode"
         steps = check_positive_int(where, "steps", steps)
         batch = keras.ops.shape(enc_outputs)[0]
-        if isinstance(start_tokens, (int,)) and not isinstance(start_tokens, bool):
-            tokens = keras.ops.full((batch,), start_tokens, dtype="int32")
+        if isinstance(start_tokens, (int, np.integer)) and not isinstance(start_tokens, bool):
+            tokens = keras.ops.full((batch,), int(start_tokens), dtype="int32")
         else:
             tokens = keras.ops.convert_to_tensor(start_tokens)
         out, weights = [], []
