@@ -8,7 +8,7 @@ import keras
 
 from .._checks import check_positive_int, check_rank, fmt_shape, shape_of
 from .._namespace import get_ops
-from ..ops.rotary import _check_base, apply_rotary, rotary_table
+from ..ops.rotary import _check_base, apply_rotary, compute_dtype, rotary_table
 
 __all__ = ["RotaryEmbedding", "check_offset", "table_rows"]
 
@@ -56,7 +56,8 @@ class RotaryEmbedding(keras.layers.Layer):
     Features ``i`` and ``i + dim/2`` of the token at position ``offset + s`` are rotated by
     the angle ``(offset + s) * base**(-2i/dim)`` (see `multiattn.ops.rotary_embedding`).
     The cos/sin tables ``(max_length, dim/2)`` are computed once in float64 with NumPy and
-    cast to the compute dtype, so all backends agree bit for bit. No weights.
+    rounded to float32 (float64 under a float64 policy), so all backends agree bit for bit;
+    float16/bfloat16 inputs are rotated in float32 and cast back. No weights.
 
     Args:
         max_length: number of positions in the tables (the longest ``offset + seq``).
@@ -99,7 +100,8 @@ class RotaryEmbedding(keras.layers.Layer):
         offset = check_offset(where, offset, shape[1], self.max_length)
         ops = get_ops(x)
         dtype = self.compute_dtype
-        cos, sin = (ops.convert_to_tensor(t, dtype=dtype) for t in self._tables)
+        wide = compute_dtype(dtype)
+        cos, sin = (ops.convert_to_tensor(t.astype(wide), dtype=wide) for t in self._tables)
         cos = table_rows(cos, offset, shape[1])
         sin = table_rows(sin, offset, shape[1])
         return apply_rotary(ops, ops.cast(x, dtype), cos, sin)

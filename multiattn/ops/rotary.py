@@ -45,13 +45,26 @@ def rotary_table(length: int, dim: int, base: float = 10000.0) -> tuple[np.ndarr
     return np.cos(angles), np.sin(angles)
 
 
+def compute_dtype(dtype: str) -> str:
+    """The dtype the rotation is computed in: float64 stays, everything else float32."""
+    return "float64" if dtype == "float64" else "float32"
+
+
 def apply_rotary(ops: Any, x: Any, cos: Any, sin: Any) -> Any:
-    """Rotate ``x`` ``(B, T, H, D)`` by ``cos``/``sin`` ``(T, D/2)`` (validated; internal)."""
+    """Rotate ``x`` ``(B, T, H, D)`` by ``cos``/``sin`` ``(T, D/2)`` (validated; internal).
+
+    The tables are in ``compute_dtype(x.dtype)``; half-precision ``x`` is rotated in
+    float32 and the result cast back.
+    """
+    dtype = ops.dtype_name(x)
+    if dtype != compute_dtype(dtype):
+        x = ops.cast(x, "float32")
     half = shape_of(x)[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     cos = ops.expand_dims(cos, 1)  # (T, 1, D/2): broadcast over heads
     sin = ops.expand_dims(sin, 1)
-    return ops.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    out = ops.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out if dtype == compute_dtype(dtype) else ops.cast(out, dtype)
 
 
 def rotary_embedding(x: Any, *, offset: int = 0, base: float = 10000.0) -> Any:
@@ -71,7 +84,8 @@ def rotary_embedding(x: Any, *, offset: int = 0, base: float = 10000.0) -> Any:
 
     Returns:
         The rotated tensor, same shape and dtype as ``x``. The table is computed in float64
-        and cast to ``x``'s dtype before the rotation.
+        and rounded to float32 (kept in float64 for float64 ``x``); float16/bfloat16 ``x``
+        is rotated in float32 and the result cast back.
     """
     where = "rotary_embedding"
     ops = get_ops(x)
@@ -91,11 +105,7 @@ def rotary_embedding(x: Any, *, offset: int = 0, base: float = 10000.0) -> Any:
     if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
         raise ValueError(f"{where}: `offset` must be a non-negative int; received {offset!r}.")
     cos, sin = rotary_table(int(offset) + shape[1], shape[3], base)
-    cos = ops.convert_to_tensor(cos[offset:].astype(_carrier(dtype)), dtype=dtype)
-    sin = ops.convert_to_tensor(sin[offset:].astype(_carrier(dtype)), dtype=dtype)
+    wide = compute_dtype(dtype)
+    cos = ops.convert_to_tensor(cos[offset:].astype(wide), dtype=wide)
+    sin = ops.convert_to_tensor(sin[offset:].astype(wide), dtype=wide)
     return apply_rotary(ops, x, cos, sin)
-
-
-def _carrier(dtype: str) -> Any:
-    """The NumPy dtype a table is rounded through before it becomes ``dtype``."""
-    return np.float64 if dtype == "float64" else np.float32
