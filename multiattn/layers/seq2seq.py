@@ -308,9 +308,7 @@ class Seq2SeqAttentionDecoder(keras.layers.Layer):
         _check_tokens("Seq2SeqAttentionDecoder.step", "tokens", tokens, 1)
         self._check_inputs(enc_outputs, state)
         if not self.built:
-            self.build(
-                (tokens.shape[0], 1), tuple(enc_outputs.shape), tuple(keras.ops.shape(state))
-            )
+            self.build((tokens.shape[0], 1), tuple(enc_outputs.shape), tuple(state.shape))
         return self._advance(self._embed(tokens, False), enc_outputs, state, valid_lens, False)
 
     def decode(self, enc_outputs, state, start_tokens, steps, valid_lens=None):
