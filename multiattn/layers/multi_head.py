@@ -25,6 +25,26 @@ from .rotary import RotaryEmbedding, check_offset
 __all__ = ["MultiHeadAttention"]
 
 
+def _write(ops: Any, cache: Any, new: Any, place: Any) -> Any:
+    """``cache`` ``(B, L, H, D)`` with ``new`` ``(B, t, H, D)`` written where ``place``
+    ``(L, t)`` says (one token per written row).
+
+    Selects rather than ``slice_update``: TensorFlow has no gradient for the dynamic
+    update slice Keras lowers that to; this is differentiable on every backend, under
+    ``jax.jit``/``tf.function`` with a traced index too. One token (the decoding step) is
+    broadcast and selected, an exact copy; several tokens (a prompt) are spread by a
+    one-hot contraction, exact wherever the backend's float matmul is (reduced-precision
+    matmul modes, e.g. TF32 on GPUs, round it).
+    """
+    new = ops.cast(new, cache.dtype)
+    if shape_of(new)[1] == 1:
+        spread = new  # broadcasts over the cache positions
+    else:
+        spread = ops.einsum("lt,bthd->blhd", ops.cast(place, cache.dtype), new)
+    written = ops.any(place, axis=1)[None, :, None, None]
+    return ops.where(written, spread, cache)
+
+
 @keras.saving.register_keras_serializable(package="multiattn")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention (self- and cross-attention).
@@ -316,14 +336,12 @@ class MultiHeadAttention(keras.layers.Layer):
             k = self._project(ops, query, self.key_kernel, self.key_bias)
             v = self._project(ops, query, self.value_kernel, self.value_bias)
         q, k = self._rotate(q, k, cache_index, cache_index)
-        if isinstance(cache_index, int):
-            index, start = cache_index, (0, cache_index, 0, 0)
-        else:  # one index dtype for jax.lax.dynamic_update_slice
-            index = ops.cast(cache_index, "int32")
-            zero = ops.zeros_like(index)
-            start = (zero, index, zero, zero)
-        k_cache = ops.slice_update(k_cache, start, ops.cast(k, k_cache.dtype))
-        v_cache = ops.slice_update(v_cache, start, ops.cast(v, v_cache.dtype))
+        index = cache_index if isinstance(cache_index, int) else ops.cast(cache_index, "int32")
+        # place[j, i]: cache position j receives token i (j == index + i)
+        slots = ops.arange(max_length, dtype="int32")[:, None]
+        place = ops.equal(slots, ops.arange(qs[1], dtype="int32")[None, :] + index)
+        k_cache = _write(ops, k_cache, k, place)
+        v_cache = _write(ops, v_cache, v, place)
         # Query i (position index + i) sees the cached positions j <= index + i.
         positions = ops.expand_dims(ops.arange(qs[1], dtype="int32") + index, 1)
         keep = ops.less_equal(ops.arange(max_length, dtype="int32")[None, :], positions)
