@@ -22,7 +22,7 @@ MHA_NAMES = ("query", "key", "value", "output")
 # float64 where the backend has it, and float32; every dtype runs in the conformance cases.
 FAST_DTYPES = tuple(dict.fromkeys((DTYPES[0], "float32")))
 SETTINGS = settings(
-    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 
 
@@ -228,7 +228,7 @@ def _mha_for_cache(kv_heads, rotary, dtype="float32", value_dim=None):
 
 @pytest.mark.parametrize("dtype", FAST_DTYPES)
 @pytest.mark.parametrize(
-    "kv_heads,rotary,value_dim", [(4, False, None), (2, True, None), (1, True, None), (2, False, 6)]
+    "kv_heads,rotary,value_dim", [(4, False, None), (2, True, None), (1, True, 6)]
 )
 def test_cache_step_by_step_equals_full_causal_pass(dtype, kv_heads, rotary, value_dim):
     layer = _mha_for_cache(kv_heads, rotary, dtype, value_dim)
