@@ -20,6 +20,15 @@ Ops and what a target must return (see ``docs/conformance.md``):
   contiguously (the PaddlePaddle document's interleaved split uses ``"interleaved"``).
 * ``positional``: ``output = x + P[:T]``.
 * ``encoder``: ``output`` of a Transformer encoder layer.
+* ``rope``: ``output`` = the rotary position embedding of ``x`` ``(B, T, H, D)``, the
+  first token at position ``params["offset"]``.
+* ``mha_decode``: ``output`` of causal multi-head self-attention (grouped-query with
+  ``params["num_key_value_heads"]``, RoPE with ``params["rotary_max_length"]``); the
+  expectation is one causal pass over the whole sequence, the target decodes token by token
+  through the key/value cache.
+* ``decoder``, ``decoder_decode``: ``output`` of a Transformer decoder layer over
+  ``context`` (with ``context_valid_lens``); ``decoder`` in one pass, ``decoder_decode``
+  token by token through the cache with the cross-attention keys/values projected once.
 """
 
 from __future__ import annotations
@@ -72,32 +81,53 @@ def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.nda
 def _mha_kernels(weights: dict, params: dict) -> dict:
     """Flat projection matrices -> the oracle's (E, H, D) kernels for the head layout."""
     h = params["num_heads"]
+    hkv = params.get("num_key_value_heads") or h
     layout = params["head_layout"]
 
-    def heads(w: np.ndarray) -> np.ndarray:
+    def heads(w: np.ndarray, n: int) -> np.ndarray:
         e, width = w.shape
-        d = width // h
+        d = width // n
         if layout == "contiguous":
-            return w.reshape(e, h, d)
-        return w.reshape(e, d, h).transpose(0, 2, 1)
+            return w.reshape(e, n, d)
+        return w.reshape(e, d, n).transpose(0, 2, 1)
 
-    def bias(b: np.ndarray) -> np.ndarray:
-        d = b.shape[0] // h
-        return b.reshape(h, d) if layout == "contiguous" else b.reshape(d, h).T
+    def bias(b: np.ndarray, n: int) -> np.ndarray:
+        d = b.shape[0] // n
+        return b.reshape(n, d) if layout == "contiguous" else b.reshape(d, n).T
 
     out = {
-        "query_kernel": heads(weights["W_q"]),
-        "key_kernel": heads(weights["W_k"]),
-        "value_kernel": heads(weights["W_v"]),
+        "query_kernel": heads(weights["W_q"], h),
+        "key_kernel": heads(weights["W_k"], hkv),
+        "value_kernel": heads(weights["W_v"], hkv),
         "output_kernel": weights["W_o"].reshape(h, -1, weights["W_o"].shape[1]),
     }
     if "b_q" in weights:
         out.update(
-            query_bias=bias(weights["b_q"]),
-            key_bias=bias(weights["b_k"]),
-            value_bias=bias(weights["b_v"]),
+            query_bias=bias(weights["b_q"], h),
+            key_bias=bias(weights["b_k"], hkv),
+            value_bias=bias(weights["b_v"], hkv),
             output_bias=weights["b_o"],
         )
+    return out
+
+
+ATTENTION_WEIGHTS = ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
+
+
+def _decoder_weights(weights: dict, params: dict) -> dict:
+    """Flat decoder weights (``self_W_q`` ..., ``ffn_w1`` ...) -> the oracle's dict."""
+    mha = {**params, "head_layout": "contiguous"}
+    out = {
+        f"{role}_attention": _mha_kernels(
+            {n: weights[f"{role}_{n}"] for n in ATTENTION_WEIGHTS}, mha
+        )
+        for role in ("self", "cross")
+    }
+    for name in ("ffn_w1", "ffn_b1", "ffn_w2", "ffn_b2"):
+        out[name] = weights[name]
+    for i in (1, 2, 3):
+        out[f"norm{i}_gamma"] = weights[f"norm{i}_gamma"]
+        out[f"norm{i}_beta"] = weights[f"norm{i}_beta"]
     return out
 
 
@@ -142,9 +172,36 @@ def oracle(op: str, inputs: dict, weights: dict, params: dict) -> dict[str, np.n
             key,
             weights=_mha_kernels(weights, params),
             causal=params.get("causal", False),
+            rotary_base=params.get("rotary_base") if params.get("rotary_max_length") else None,
             **_masks(inputs),
         )
         return {"output": out, "weights": w}
+    if op == "rope":
+        x = inputs["x"].transpose(0, 2, 1, 3)  # (B, H, T, D)
+        positions = params["offset"] + np.arange(x.shape[2])
+        out = ref.rotary_embedding(x, positions, params["base"])
+        return {"output": out.transpose(0, 2, 1, 3)}
+    if op == "mha_decode":
+        out, _ = ref.multi_head_attention(
+            inputs["query"],
+            inputs["query"],
+            weights=_mha_kernels(weights, params),
+            causal=True,
+            rotary_base=params["rotary_base"] if params.get("rotary_max_length") else None,
+        )
+        return {"output": out}
+    if op in ("decoder", "decoder_decode"):
+        out = ref.transformer_decoder_layer(
+            inputs["x"],
+            inputs["context"],
+            weights=_decoder_weights(weights, params),
+            norm_first=params["norm_first"],
+            epsilon=params["epsilon"],
+            activation=params["activation"],
+            context_valid_lens=inputs.get("context_valid_lens"),
+            rotary_base=params["rotary_base"] if params.get("rotary_max_length") else None,
+        )
+        return {"output": out}
     if op == "positional":
         x = inputs["x"]
         return {
@@ -446,6 +503,130 @@ def _encoder(norm_first: bool):
     return build
 
 
+def _gqa(kind: str):
+    """Grouped-query (2 key/value heads for 4 query heads) and multi-query attention."""
+
+    def build(rng):
+        b, tq, tk, h, d = 2, 4, 5, 4, 2
+        hkv = 1 if kind.startswith("mqa") else 2
+        e = 6
+        params: dict[str, Any] = {
+            "num_heads": h,
+            "num_key_value_heads": hkv,
+            "head_layout": "contiguous",
+            "key_dim": d,
+            "value_dim": d,
+            "output_dim": e,
+        }
+        inputs: dict[str, Any] = {
+            "query": _normal(rng, b, tq, e),
+            "value": _normal(rng, b, tk, e),
+            "key": _normal(rng, b, tk, e),
+            "valid_lens": np.array([tk, 2], dtype=np.int32),
+        }
+        if kind.endswith("self_causal_rope"):
+            inputs = {"query": inputs["query"]}
+            params.update(self=True, causal=True, rotary_max_length=8, rotary_base=10000.0)
+        weights = {
+            "W_q": _normal(rng, e, h * d, scale=0.4),
+            "W_k": _normal(rng, e, hkv * d, scale=0.4),
+            "W_v": _normal(rng, e, hkv * d, scale=0.4),
+            "W_o": _normal(rng, h * d, e, scale=0.4),
+            "b_q": _normal(rng, h * d, scale=0.1),
+            "b_k": _normal(rng, hkv * d, scale=0.1),
+            "b_v": _normal(rng, hkv * d, scale=0.1),
+            "b_o": _normal(rng, e, scale=0.1),
+        }
+        return inputs, weights, params
+
+    return build
+
+
+def _rope(offset: int):
+    def build(rng):
+        return {"x": _normal(rng, 2, 5, 3, 6)}, {}, {"offset": offset, "base": 10000.0}
+
+    return build
+
+
+def _mha_decode(kind: str):
+    """Causal self-attention, decoded token by token through the cache by the target."""
+
+    def build(rng):
+        b, t, h, d, e = 2, 5, 4, 2, 6
+        hkv = {"mha": 4, "gqa": 2, "mqa": 1}[kind.split("_")[0]]
+        params: dict[str, Any] = {
+            "num_heads": h,
+            "num_key_value_heads": hkv,
+            "head_layout": "contiguous",
+            "key_dim": d,
+            "value_dim": d,
+            "output_dim": e,
+            "max_length": 7,
+        }
+        if kind.endswith("rope"):
+            params.update(rotary_max_length=8, rotary_base=10000.0)
+        weights = {
+            "W_q": _normal(rng, e, h * d, scale=0.4),
+            "W_k": _normal(rng, e, hkv * d, scale=0.4),
+            "W_v": _normal(rng, e, hkv * d, scale=0.4),
+            "W_o": _normal(rng, h * d, e, scale=0.4),
+            "b_q": _normal(rng, h * d, scale=0.1),
+            "b_k": _normal(rng, hkv * d, scale=0.1),
+            "b_v": _normal(rng, hkv * d, scale=0.1),
+            "b_o": _normal(rng, e, scale=0.1),
+        }
+        return {"query": _normal(rng, b, t, e)}, weights, params
+
+    return build
+
+
+def _decoder(norm_first: bool, kv_heads: int, rotary: bool):
+    def build(rng):
+        dm, h, dff, s_len = 8, 4, 10, 6
+        weights = {}
+        for role in ("self", "cross"):
+            kv = dm // h * kv_heads
+            for name, shape in (
+                ("W_q", (dm, dm)),
+                ("W_k", (dm, kv)),
+                ("W_v", (dm, kv)),
+                ("W_o", (dm, dm)),
+            ):
+                weights[f"{role}_{name}"] = _normal(rng, *shape, scale=0.4)
+            for name, size in (("b_q", dm), ("b_k", kv), ("b_v", kv), ("b_o", dm)):
+                weights[f"{role}_{name}"] = _normal(rng, size, scale=0.1)
+        weights.update(
+            ffn_w1=_normal(rng, dm, dff, scale=0.4),
+            ffn_b1=_normal(rng, dff, scale=0.1),
+            ffn_w2=_normal(rng, dff, dm, scale=0.4),
+            ffn_b2=_normal(rng, dm, scale=0.1),
+        )
+        for i in (1, 2, 3):
+            weights[f"norm{i}_gamma"] = 1 + _normal(rng, dm, scale=0.1)
+            weights[f"norm{i}_beta"] = _normal(rng, dm, scale=0.1)
+        params: dict[str, Any] = {
+            "num_heads": h,
+            "num_key_value_heads": kv_heads,
+            "d_model": dm,
+            "dff": dff,
+            "norm_first": norm_first,
+            "epsilon": 1e-6,
+            "activation": "relu",
+            "max_length": 6,
+        }
+        if rotary:
+            params.update(rotary_max_length=8, rotary_base=10000.0)
+        inputs = {
+            "x": _normal(rng, 2, 4, dm),
+            "context": _normal(rng, 2, s_len, dm),
+            "context_valid_lens": np.array([s_len, 3], dtype=np.int32),
+        }
+        return inputs, weights, params
+
+    return build
+
+
 def _d2l(kind: str):
     def build(rng):
         if kind.startswith("softmax"):
@@ -557,7 +738,7 @@ def _tf_doc(kind: str):
 
 DOC_DTYPES = ("float64", "float32")
 # masks and lengths select; they are never differentiated (the documents pass them as floats)
-NOT_DIFFERENTIABLE = ("mask", "valid_lens")
+NOT_DIFFERENTIABLE = ("mask", "valid_lens", "context_valid_lens")
 
 VARIANTS: list[Variant] = [
     *(
@@ -609,6 +790,44 @@ VARIANTS: list[Variant] = [
     Variant("positional_concatenated", "positional", "positional", _positional("concatenated")),
     Variant("encoder_post_ln", "encoder", "encoder", _encoder(False), tolerance=LAYER_TOL),
     Variant("encoder_pre_ln", "encoder", "encoder", _encoder(True), tolerance=LAYER_TOL),
+    # grouped-query / multi-query attention, rotary position embedding
+    *(
+        Variant(f"mha_{k}", "mha", "mha", _gqa(k), tolerance=LAYER_TOL)
+        for k in ("gqa_cross", "mqa_cross", "gqa_self_causal_rope", "mqa_self_causal_rope")
+    ),
+    Variant("rope_offset_0", "rope", "rope", _rope(0)),
+    Variant("rope_offset_3", "rope", "rope", _rope(3)),
+    # decoding through the key/value cache against one causal pass
+    *(
+        Variant(f"cache_{k}", "cache", "mha_decode", _mha_decode(k), tolerance=LAYER_TOL)
+        for k in ("mha", "gqa", "mqa", "gqa_rope")
+    ),
+    *(
+        Variant(
+            f"decoder_{name}",
+            "decoder",
+            "decoder",
+            _decoder(nf, kv, rot),
+            DOC_DTYPES,
+            LAYER_TOL,
+        )
+        for name, nf, kv, rot in (("post_ln", False, 4, False), ("pre_ln_gqa_rope", True, 2, True))
+    ),
+    *(
+        Variant(
+            f"cache_decoder_{name}",
+            "cache",
+            "decoder_decode",
+            _decoder(nf, kv, rot),
+            DOC_DTYPES,
+            LAYER_TOL,
+        )
+        for name, nf, kv, rot in (
+            ("post_ln", False, 4, False),
+            ("pre_ln_gqa_rope", True, 2, True),
+            ("post_ln_mqa", False, 1, False),
+        )
+    ),
     # the source documents, through their adapters
     Variant(
         "doc_d2l_masked_softmax_lens_1d",

@@ -19,6 +19,10 @@ CORE_OPS = {
     "mha",
     "positional",
     "encoder",
+    "rope",
+    "mha_decode",
+    "decoder",
+    "decoder_decode",
 }
 
 
@@ -62,20 +66,78 @@ class CoreTarget:
 
     def _mha_values(self, ws: dict, params: dict, layout: str) -> dict:
         h = params["num_heads"]
+        hkv = params.get("num_key_value_heads") or h
         out = {
             "query_kernel": self._heads(ws["W_q"], h, layout),
-            "key_kernel": self._heads(ws["W_k"], h, layout),
-            "value_kernel": self._heads(ws["W_v"], h, layout),
+            "key_kernel": self._heads(ws["W_k"], hkv, layout),
+            "value_kernel": self._heads(ws["W_v"], hkv, layout),
             "output_kernel": self.keras.ops.reshape(ws["W_o"], (h, -1, ws["W_o"].shape[-1])),
         }
         if "b_q" in ws:
             out.update(
                 query_bias=self._bias(ws["b_q"], h, layout),
-                key_bias=self._bias(ws["b_k"], h, layout),
-                value_bias=self._bias(ws["b_v"], h, layout),
+                key_bias=self._bias(ws["b_k"], hkv, layout),
+                value_bias=self._bias(ws["b_v"], hkv, layout),
                 output_bias=ws["b_o"],
             )
         return out
+
+    @staticmethod
+    def _mha_options(p: dict) -> dict:
+        """The grouped-query and rotary arguments of `MultiHeadAttention` in ``p``."""
+        return {
+            "num_key_value_heads": p.get("num_key_value_heads"),
+            "rotary_max_length": p.get("rotary_max_length"),
+            "rotary_base": p.get("rotary_base", 10000.0),
+        }
+
+    def _decoder_layer(self, case: Case) -> Any:
+        from multiattn import layers
+
+        p = case.params
+        layer = layers.TransformerDecoderLayer(
+            p["d_model"],
+            p["num_heads"],
+            p["dff"],
+            norm_first=p["norm_first"],
+            epsilon=p["epsilon"],
+            activation=p["activation"],
+            num_key_value_heads=p.get("num_key_value_heads"),
+            rotary_max_length=p.get("rotary_max_length"),
+            dtype=case.dtype,
+        )
+        layer.build(case.inputs["x"].shape, case.inputs["context"].shape)
+        return layer
+
+    def _decoder_values(self, layer: Any, ws: dict, p: dict) -> list:
+        by_suffix = {}
+        for role in ("self", "cross"):
+            flat = {n: ws[f"{role}_{n}"] for n in ("W_q", "W_k", "W_v", "W_o")}
+            flat.update({n: ws[f"{role}_{n}"] for n in ("b_q", "b_k", "b_v", "b_o")})
+            by_suffix.update(
+                {
+                    f"{role}_attention/{k}": t
+                    for k, t in self._mha_values(flat, p, "contiguous").items()
+                }
+            )
+        by_suffix.update(
+            {
+                "ffn_1/kernel": ws["ffn_w1"],
+                "ffn_1/bias": ws["ffn_b1"],
+                "ffn_2/kernel": ws["ffn_w2"],
+                "ffn_2/bias": ws["ffn_b2"],
+            }
+        )
+        for i in (1, 2, 3):
+            by_suffix[f"norm_{i}/gamma"] = ws[f"norm{i}_gamma"]
+            by_suffix[f"norm_{i}/beta"] = ws[f"norm{i}_beta"]
+        return self._ordered(layer, by_suffix)
+
+    def _state(self, layer: Any, values: list) -> Any:
+        """A scope in which ``layer``'s trainable variables read ``values`` (differentiable)."""
+        mapping = list(zip(layer.trainable_variables, values))
+        mapping += [(v, v.value) for v in layer.non_trainable_variables]
+        return self.keras.StatelessScope(state_mapping=mapping)
 
     @staticmethod
     def _ordered(layer: Any, by_suffix: dict) -> list:
@@ -140,6 +202,7 @@ class CoreTarget:
                 output_dim=p["output_dim"],
                 use_bias="b_q" in case.weights,
                 dtype=dtype,
+                **self._mha_options(p),
             )
             layer.build(q.shape, v.shape, k.shape)
 
@@ -195,6 +258,63 @@ class CoreTarget:
                 return {"output": out}
 
             return encoder
+        if case.op == "rope":
+            return lambda a: {
+                "output": ops.rotary_embedding(a["input/x"], offset=p["offset"], base=p["base"])
+            }
+        if case.op == "mha_decode":
+            q = case.inputs["query"]
+            layer = layers.MultiHeadAttention(
+                p["num_heads"],
+                p["key_dim"],
+                value_dim=p["value_dim"],
+                output_dim=p["output_dim"],
+                dtype=dtype,
+                **self._mha_options(p),
+            )
+            layer.build(q.shape, q.shape)
+
+            def mha_decode(a):
+                ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
+                values = self._ordered(layer, self._mha_values(ws, p, "contiguous"))
+                query = a["input/query"]
+                outs = []
+                with self._state(layer, values):
+                    cache = layer.init_cache(q.shape[0], p["max_length"], dtype)
+                    for t in range(q.shape[1]):  # one token at a time through the cache
+                        out, cache = layer(query[:, t : t + 1], cache=cache, cache_index=t)
+                        outs.append(out)
+                return {"output": self.keras.ops.concatenate(outs, axis=1)}
+
+            return mha_decode
+        if case.op in ("decoder", "decoder_decode"):
+            layer = self._decoder_layer(case)
+            lens = case.inputs["context_valid_lens"]
+            steps = case.inputs["x"].shape[1]
+
+            def decoder(a):
+                ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
+                values = self._decoder_values(layer, ws, p)
+                x, context = a["input/x"], a["input/context"]
+                with self._state(layer, values):
+                    if case.op == "decoder":
+                        return {"output": layer(x, context, context_valid_lens=lens)}
+                    # the context projected once, then token by token through the cache
+                    kv = layer.precompute_context(context)
+                    cache = layer.init_cache(x.shape[0], p["max_length"], dtype)
+                    outs = []
+                    for t in range(steps):
+                        out, cache = layer(
+                            x[:, t : t + 1],
+                            context_key_value=kv,
+                            context_valid_lens=lens,
+                            cache=cache,
+                            cache_index=t,
+                        )
+                        outs.append(out)
+                return {"output": self.keras.ops.concatenate(outs, axis=1)}
+
+            return decoder
         raise ValueError(f"unsupported op {case.op!r}")
 
     framework_name = ""

@@ -19,6 +19,7 @@ PADDLE_CORE_OPS = {
     "additive_scores",
     "general_scores",
     "sdpa",
+    "rope",
 }
 
 

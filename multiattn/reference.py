@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-ORACLE_VERSION = "1"
+ORACLE_VERSION = "2"
 
 _LAYOUTS = ("contiguous", "interleaved")
 
@@ -283,8 +283,14 @@ def multi_head_attention(
     valid_lens: ArrayLike | None = None,
     causal: bool = False,
     scale: float | None = None,
+    rotary_base: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Multi-head attention; returns output ``(B, Tq, Eo)`` and weights ``(B, H, Tq, Tk)``.
+
+    The key and value kernels may have fewer heads ``Hkv`` than the query kernel
+    (grouped-query attention, ``Hkv`` dividing ``H``): query head ``h`` then uses key/value
+    head ``h // (H / Hkv)``. With ``rotary_base`` the projected queries and keys get the
+    rotary position embedding (`rotary_embedding`) at positions ``0, 1, ...``.
 
     query ``(B, Tq, Eq)``, value ``(B, Tk, Ev)``, key ``(B, Tk, Ek)`` (defaults to value).
     ``weights``: "query_kernel" ``(Eq, H, D)``, "key_kernel" ``(Ek, H, D)``, "value_kernel"
@@ -307,8 +313,11 @@ def multi_head_attention(
     _check_shape("key", key, (b, value.shape[1], None))
     _check_shape("query_kernel", wq, (query.shape[2], None, None))
     h, d = wq.shape[1:]
-    _check_shape("key_kernel", wk, (key.shape[2], h, d))
-    _check_shape("value_kernel", wv, (value.shape[2], h, None))
+    _check_shape("key_kernel", wk, (key.shape[2], None, d))
+    hkv = wk.shape[1]
+    if h % hkv:
+        raise ValueError(f"key/value heads {hkv} must divide the query heads {h}")
+    _check_shape("value_kernel", wv, (value.shape[2], hkv, None))
     dv = wv.shape[2]
     _check_shape("output_kernel", wo, (h, dv, None))
 
@@ -321,8 +330,13 @@ def multi_head_attention(
 
     # Project every position into every head: (B, T, E) x (E, H, D) -> (B, H, T, D).
     q = np.einsum("bte,ehd->bhtd", query, wq) + bias("query_bias", (h, d))[None, :, None, :]
-    k = np.einsum("bte,ehd->bhtd", key, wk) + bias("key_bias", (h, d))[None, :, None, :]
-    v = np.einsum("bte,ehd->bhtd", value, wv) + bias("value_bias", (h, dv))[None, :, None, :]
+    k = np.einsum("bte,ehd->bhtd", key, wk) + bias("key_bias", (hkv, d))[None, :, None, :]
+    v = np.einsum("bte,ehd->bhtd", value, wv) + bias("value_bias", (hkv, dv))[None, :, None, :]
+    if rotary_base is not None:
+        q = rotary_embedding(q, np.arange(q.shape[2]), rotary_base)
+        k = rotary_embedding(k, np.arange(k.shape[2]), rotary_base)
+    # every key/value head serves h // hkv consecutive query heads
+    k, v = np.repeat(k, h // hkv, axis=1), np.repeat(v, h // hkv, axis=1)
     if mask is not None:
         mask = _as_bool_mask(mask)
         if mask.ndim == 3:
@@ -332,6 +346,23 @@ def multi_head_attention(
     )
     out = np.einsum("bhtv,hvo->bto", context, wo) + bias("output_bias", (wo.shape[2],))
     return out, attn
+
+
+def rotary_embedding(x: ArrayLike, positions: ArrayLike, base: float = 10000.0) -> np.ndarray:
+    """Rotary position embedding of ``x`` ``(..., T, D)`` (``D`` even) at ``positions`` ``(T,)``.
+
+    Feature pair ``(i, i + D/2)`` is read as the complex number ``x_i + 1j * x_{i+D/2}``
+    and multiplied by ``exp(1j * p * base**(-2i/D))`` for the token at position ``p``.
+    """
+    x = _f64(x)
+    half = x.shape[-1] // 2
+    if x.shape[-1] != 2 * half:
+        raise ValueError(f"rotary_embedding needs an even last axis, got {x.shape}")
+    positions = np.asarray(positions, dtype=np.float64)
+    freqs = np.array([base ** (-2.0 * i / x.shape[-1]) for i in range(half)])
+    phase = np.exp(1j * positions[:, None] * freqs[None, :])  # (T, D/2)
+    z = (x[..., :half] + 1j * x[..., half:]) * phase
+    return np.concatenate([z.real, z.imag], axis=-1)
 
 
 def layer_norm(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, epsilon: float) -> np.ndarray:
@@ -431,3 +462,58 @@ def replaced_softmax(x: ArrayLike, keep: ArrayLike, fill: float) -> np.ndarray:
     z = z - z.max(axis=-1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def transformer_decoder_layer(
+    x: ArrayLike,
+    context: ArrayLike,
+    *,
+    weights: dict[str, Any],
+    norm_first: bool = False,
+    epsilon: float = 1e-6,
+    activation: str = "relu",
+    context_valid_lens: ArrayLike | None = None,
+    context_mask: ArrayLike | None = None,
+    rotary_base: float | None = None,
+) -> np.ndarray:
+    """One transformer decoder layer (inference, no dropout); x and output ``(B, T, d_model)``.
+
+    Post-LN: ``h1 = LN1(x + SelfMHA_causal(x)); h2 = LN2(h1 + CrossMHA(h1, context));
+    out = LN3(h2 + FFN(h2))``. Pre-LN: ``h1 = x + SelfMHA_causal(LN1(x));
+    h2 = h1 + CrossMHA(LN2(h1), context); out = h2 + FFN(LN3(h2))``.
+    ``weights``: "self_attention" and "cross_attention" (see `multi_head_attention`),
+    "ffn_w1", "ffn_b1", "ffn_w2", "ffn_b2" and "norm{1,2,3}_{gamma,beta}".
+    ``context_valid_lens`` ``(B,)`` / ``context_mask`` ``(B, S)`` (True = real token) mask the
+    encoder positions; ``rotary_base`` applies RoPE in the self-attention.
+    """
+    x, context = _f64(x), _f64(context)
+    w = weights
+    cmask = None if context_mask is None else _as_bool_mask(context_mask)[:, None, None, :]
+
+    def ln(i: int, inputs: np.ndarray) -> np.ndarray:
+        return layer_norm(inputs, w[f"norm{i}_gamma"], w[f"norm{i}_beta"], epsilon)
+
+    def self_mha(inputs: np.ndarray) -> np.ndarray:
+        return multi_head_attention(
+            inputs, inputs, weights=w["self_attention"], causal=True, rotary_base=rotary_base
+        )[0]
+
+    def cross_mha(inputs: np.ndarray) -> np.ndarray:
+        return multi_head_attention(
+            inputs,
+            context,
+            weights=w["cross_attention"],
+            valid_lens=context_valid_lens,
+            mask=cmask,
+        )[0]
+
+    def ffn(inputs: np.ndarray) -> np.ndarray:
+        return feed_forward(inputs, w["ffn_w1"], w["ffn_b1"], w["ffn_w2"], w["ffn_b2"], activation)
+
+    if norm_first:
+        h = x + self_mha(ln(1, x))
+        h = h + cross_mha(ln(2, h))
+        return h + ffn(ln(3, h))
+    h = ln(1, x + self_mha(x))
+    h = ln(2, h + cross_mha(h))
+    return ln(3, h + ffn(h))

@@ -98,7 +98,7 @@ def random_mha_weights(g, eq, ek, ev, h, d, dv, eo, biases=True):
 
 
 def test_version():
-    assert ref.ORACLE_VERSION == "1"
+    assert ref.ORACLE_VERSION == "2"
 
 
 def test_causal_mask_hand_cases():

@@ -5,16 +5,26 @@ computes in ``call``; ``get_config`` is complete and ``.keras`` files round-trip
 """
 
 from .attention import AdditiveAttention, DotProductAttention
+from .decoder import TransformerDecoderLayer
 from .encoder import TransformerEncoderLayer
+from .feature_map import FeatureMapAttention
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization
-from .positional import PositionalEncoding
+from .positional import PositionalEncoding, PositionEmbedding
+from .rotary import RotaryEmbedding
+from .seq2seq import Seq2SeqAttentionDecoder, Seq2SeqEncoder
 
 __all__ = [
     "AdditiveAttention",
     "DotProductAttention",
+    "FeatureMapAttention",
     "LayerNormalization",
     "MultiHeadAttention",
+    "PositionEmbedding",
     "PositionalEncoding",
+    "RotaryEmbedding",
+    "Seq2SeqAttentionDecoder",
+    "Seq2SeqEncoder",
+    "TransformerDecoderLayer",
     "TransformerEncoderLayer",
 ]

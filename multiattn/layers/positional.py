@@ -10,7 +10,7 @@ from .._checks import check_choice, check_positive_int, check_rate, fmt_shape
 from ..ops.positional import PE_LAYOUTS, sinusoidal_table
 from ._base import seed_generator, static_width
 
-__all__ = ["PositionalEncoding"]
+__all__ = ["PositionEmbedding", "PositionalEncoding"]
 
 
 @keras.saving.register_keras_serializable(package="multiattn")
@@ -79,4 +79,69 @@ class PositionalEncoding(keras.layers.Layer):
             "base": self.base,
             "dropout": self.dropout,
             "seed": self.seed,
+        }
+
+
+@keras.saving.register_keras_serializable(package="multiattn")
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned position embedding to ``(batch, seq, depth)`` inputs.
+
+    ``output = x + E[offset : offset + seq]`` with the trainable table ``embeddings``
+    ``(max_length, depth)``.
+
+    Args:
+        max_length: number of positions in the table.
+        embeddings_initializer: Keras initializer of the table.
+
+    Call arguments:
+        inputs: ``(batch, seq, depth)``.
+        offset: position of the first token: a Python int (checked against
+            ``max_length``) or an integer scalar tensor (the cache index when decoding
+            token by token, under ``jax.jit`` or ``tf.function`` too; not range-checked).
+
+    Returns:
+        ``(batch, seq, depth)`` in the compute dtype.
+    """
+
+    def __init__(
+        self,
+        max_length: int,
+        embeddings_initializer: Any = "glorot_uniform",
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        self.max_length = check_positive_int("PositionEmbedding", "max_length", max_length)
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        depth = static_width("PositionEmbedding", "inputs", input_shape)
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.max_length, depth),
+            initializer=self.embeddings_initializer,
+        )
+
+    def call(self, inputs, offset=0):
+        from .rotary import check_offset, table_rows
+
+        length = inputs.shape[1]
+        if length is None:
+            raise ValueError(
+                "PositionEmbedding: the sequence axis of `inputs` must be static; received "
+                f"{fmt_shape(tuple(inputs.shape))}."
+            )
+        offset = check_offset("PositionEmbedding", offset, length, self.max_length)
+        table = keras.ops.cast(self.embeddings, self.compute_dtype)
+        rows = table_rows(table, offset, length)
+        return keras.ops.cast(inputs, self.compute_dtype) + rows
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict:
+        return {
+            **super().get_config(),
+            "max_length": self.max_length,
+            "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
         }

@@ -9,6 +9,7 @@ from .heads import HEAD_LAYOUTS, merge_heads, split_heads
 from .masking import causal_mask, combine_masks, masked_softmax, valid_lens_to_mask
 from .normalization import layer_norm
 from .positional import PE_LAYOUTS, sinusoidal_encoding
+from .rotary import rotary_embedding, rotary_table
 from .scoring import additive_scores, dot_scores, general_scores, scaled_dot_scores
 
 __all__ = [
@@ -22,6 +23,8 @@ __all__ = [
     "layer_norm",
     "masked_softmax",
     "merge_heads",
+    "rotary_embedding",
+    "rotary_table",
     "scaled_dot_product_attention",
     "scaled_dot_scores",
     "score_attention",

@@ -15,6 +15,12 @@ implementation of the math with two execution paths:
 
 All give the same result, fully masked rows included: such rows are all-zero weights
 and a zero output.
+
+Grouped-query attention (fewer key/value heads than query heads, multi-query attention
+with one) is handled once, in `attend`: each key/value head is repeated for the query
+heads of its group before any path runs, so every path (the fused kernel included, which
+on some backends rejects a single key/value head) sees as many key/value heads as query
+heads.
 """
 
 from __future__ import annotations
@@ -38,13 +44,25 @@ from .._namespace import get_ops
 from . import blockwise
 from .masking import combine_keep, softmax_where
 
-__all__ = ["attend", "scaled_dot_product_attention", "score_attention"]
+__all__ = ["attend", "repeat_kv_heads", "scaled_dot_product_attention", "score_attention"]
 
 
 def _apply_dropout(ops: Any, weights: Any, dropout: float, training: bool, seed: Any) -> Any:
     if dropout > 0.0 and training:
         return ops.dropout(weights, dropout, seed)
     return weights
+
+
+def repeat_kv_heads(ops: Any, x: Any, groups: int) -> Any:
+    """``(B, T, Hkv, D)`` -> ``(B, T, Hkv * groups, D)``: key/value head ``j`` serves query
+    heads ``j * groups .. (j + 1) * groups - 1`` (internal)."""
+    if groups == 1:
+        return x
+    static = shape_of(x)
+    dyn = ops.shape(x)
+    dims = [s if s is not None else dyn[i] for i, s in enumerate(static)]
+    x = ops.broadcast_to(ops.expand_dims(x, 3), (dims[0], dims[1], dims[2], groups, dims[3]))
+    return ops.reshape(x, (dims[0], dims[1], dims[2] * groups, dims[3]))
 
 
 def attend(
@@ -71,7 +89,9 @@ def attend(
     ever forming the ``(Tq, Tk)`` mask.
 
     Args:
-        query: ``(B, Tq, H, D)``; key: ``(B, Tk, H, D)``; value: ``(B, Tk, H, Dv)``.
+        query: ``(B, Tq, H, D)``; key: ``(B, Tk, Hkv, D)``; value: ``(B, Tk, Hkv, Dv)``
+            with ``Hkv`` dividing ``H`` (grouped-query attention when ``Hkv < H``: query
+            head ``h`` uses key/value head ``h // (H / Hkv)``).
         keep: bool mask broadcastable to ``(B, H, Tq, Tk)`` (True = may attend) or None.
         valid_lens: int lengths ``(B,)`` or ``(B, Tq)`` (keys ``>=`` length masked) or None.
         causal: bottom-right aligned causal mask (static ``Tq``, ``Tk``).
@@ -87,6 +107,15 @@ def attend(
     dtype = ops.dtype_name(query)
     if dtype in HALF_DTYPES:
         query, key, value = (ops.cast(t, "float32") for t in (query, key, value))
+    heads, kv_heads = shape_of(query)[2], shape_of(key)[2]
+    if heads != kv_heads:
+        if heads is None or kv_heads is None or heads % kv_heads:
+            raise ValueError(
+                f"attention: the key/value heads ({kv_heads}) must divide the query heads "
+                f"({heads})."
+            )
+        key = repeat_kv_heads(ops, key, heads // kv_heads)
+        value = repeat_kv_heads(ops, value, heads // kv_heads)
     use_dropout = dropout > 0.0 and bool(training)
     if keep is not None:
         for _ in range(4 - len(shape_of(keep))):

@@ -1,0 +1,251 @@
+"""Transformer decoder layer, with incremental decoding through a key/value cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from .._checks import check_positive_int, check_rate
+from ._base import static_width
+from .multi_head import MultiHeadAttention
+from .normalization import LayerNormalization
+
+__all__ = ["TransformerDecoderLayer"]
+
+
+@keras.saving.register_keras_serializable(package="multiattn")
+class TransformerDecoderLayer(keras.layers.Layer):
+    """Causal self-attention, cross-attention over an encoder output and a position-wise
+    feed-forward network, each with a residual connection and layer normalisation.
+
+    Post-LayerNorm (default, as the original Transformer)::
+
+        h1 = norm_1(x + dropout_1(self_attention(x, causal)))
+        h2 = norm_2(h1 + dropout_2(cross_attention(h1, context)))
+        y  = norm_3(h2 + dropout_3(ffn(h2)))
+
+    Pre-LayerNorm (``norm_first=True``)::
+
+        h1 = x + dropout_1(self_attention(norm_1(x), causal))
+        h2 = h1 + dropout_2(cross_attention(norm_2(h1), context))
+        y  = h2 + dropout_3(ffn(norm_3(h2)))
+
+    Sublayers: ``self_attention`` and ``cross_attention`` (`MultiHeadAttention`,
+    ``key_dim = d_model // num_heads``), ``ffn_1`` (``dff`` units, ``activation``),
+    ``ffn_2`` (``d_model`` units), ``norm_1``, ``norm_2``, ``norm_3``
+    (`multiattn.layers.LayerNormalization`), ``dropout_1``, ``dropout_2``, ``dropout_3``.
+
+    Args:
+        d_model: model width; must be divisible by ``num_heads``.
+        num_heads: attention heads (of both attentions).
+        dff: hidden width of the feed-forward network.
+        rate: dropout rate (training only).
+        norm_first: pre-LayerNorm instead of post-LayerNorm.
+        epsilon: LayerNormalization epsilon.
+        activation: activation of the first feed-forward layer.
+        num_key_value_heads: key/value heads of both attentions (grouped-query attention,
+            see `MultiHeadAttention`); None: ``num_heads``.
+        rotary_max_length: rotary position embedding in the self-attention, for positions
+            up to this many; None (default): none.
+        seed: int seed for the dropout layers.
+
+    Call arguments:
+        x: ``(batch, target_len, d_model)``, the target tokens (embedded).
+        context: ``(batch, source_len, context_width)``, the encoder output; may be
+            omitted when ``context_key_value`` is given.
+        context_mask: bool ``(batch, source_len)``, True = a real source token (Keras'
+            sequence mask), or any mask `MultiHeadAttention` accepts for the cross-attention.
+        context_valid_lens: ``(batch,)`` lengths of the source sequences.
+        context_key_value: the cross-attention keys/values precomputed once with
+            `precompute_context` (decoding reuses them at every step).
+        mask: extra mask of the self-attention (ANDed with the causal mask), full pass only.
+        cache, cache_index: incremental decoding. ``cache`` is the self-attention cache of
+            `init_cache`; ``x`` holds the tokens at positions ``cache_index ..
+            cache_index + target_len - 1`` (``cache_index`` a Python int or an integer
+            scalar tensor, traced under ``jax.jit`` / ``tf.function``).
+        training: enables dropout.
+
+    Returns:
+        ``(batch, target_len, d_model)``; with ``cache``, ``(output, new_cache)``. Feeding a
+        sequence token by token through the cache gives the outputs of one full causal pass.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dff: int,
+        rate: float = 0.1,
+        norm_first: bool = False,
+        epsilon: float = 1e-6,
+        activation: str = "relu",
+        num_key_value_heads: int | None = None,
+        rotary_max_length: int | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        where = "TransformerDecoderLayer"
+        self.d_model = check_positive_int(where, "d_model", d_model)
+        self.num_heads = check_positive_int(where, "num_heads", num_heads)
+        self.dff = check_positive_int(where, "dff", dff)
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"{where}: `d_model` ({d_model}) must be divisible by `num_heads` ({num_heads})."
+            )
+        self.rate = check_rate(where, "rate", rate)
+        if not isinstance(norm_first, bool):
+            raise TypeError(f"{where}: `norm_first` must be a bool; received {norm_first!r}.")
+        self.norm_first = norm_first
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
+            raise ValueError(f"{where}: `epsilon` must be a positive float; received {epsilon!r}.")
+        self.epsilon = float(epsilon)
+        try:
+            keras.activations.get(activation)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{where}: unknown `activation` {activation!r}.") from err
+        self.activation = activation
+        self.num_key_value_heads = num_key_value_heads
+        self.rotary_max_length = rotary_max_length
+        self.seed = seed
+        self.supports_masking = True
+        dtype = self.dtype_policy
+        key_dim = self.d_model // self.num_heads
+        self.self_attention = MultiHeadAttention(
+            self.num_heads,
+            key_dim,
+            num_key_value_heads=num_key_value_heads,
+            rotary_max_length=rotary_max_length,
+            name="self_attention",
+            dtype=dtype,
+        )
+        self.cross_attention = MultiHeadAttention(
+            self.num_heads,
+            key_dim,
+            num_key_value_heads=num_key_value_heads,
+            name="cross_attention",
+            dtype=dtype,
+        )
+        self.ffn_1 = keras.layers.EinsumDense(
+            "btd,df->btf",
+            (None, dff),
+            bias_axes="f",
+            activation=activation,
+            name="ffn_1",
+            dtype=dtype,
+        )
+        self.ffn_2 = keras.layers.EinsumDense(
+            "btf,fd->btd", (None, d_model), bias_axes="d", name="ffn_2", dtype=dtype
+        )
+        self.norm_1 = LayerNormalization(epsilon=self.epsilon, name="norm_1", dtype=dtype)
+        self.norm_2 = LayerNormalization(epsilon=self.epsilon, name="norm_2", dtype=dtype)
+        self.norm_3 = LayerNormalization(epsilon=self.epsilon, name="norm_3", dtype=dtype)
+        seeds = [None if seed is None else seed + i for i in range(3)]
+        self.dropout_1, self.dropout_2, self.dropout_3 = (
+            keras.layers.Dropout(self.rate, seed=s, name=f"dropout_{i + 1}", dtype=dtype)
+            for i, s in enumerate(seeds)
+        )
+
+    def build(self, x_shape, context_shape=None):
+        where = "TransformerDecoderLayer"
+        width = static_width(where, "x", x_shape)
+        if width != self.d_model:
+            raise ValueError(
+                f"{where}: `x` must have width d_model={self.d_model}; received shape "
+                f"{tuple(x_shape)}."
+            )
+        shape = tuple(x_shape)
+        if context_shape is None:
+            context_shape = (shape[0], None, self.d_model)
+        else:
+            static_width(where, "context", context_shape)
+        self.self_attention.build(shape, shape)
+        self.cross_attention.build(shape, tuple(context_shape))
+        for norm in (self.norm_1, self.norm_2, self.norm_3):
+            norm.build(shape)
+        self.ffn_1.build(shape)
+        self.ffn_2.build((*shape[:-1], self.dff))
+
+    def init_cache(self, batch_size: int, max_length: int, dtype: str | None = None):
+        """An empty self-attention cache for ``max_length`` positions (see
+        `MultiHeadAttention.init_cache`)."""
+        return self.self_attention.init_cache(batch_size, max_length, dtype)
+
+    def precompute_context(self, context):
+        """The cross-attention keys and values of ``context`` ``(batch, source_len, width)``,
+        projected once; pass the result as ``context_key_value``."""
+        return self.cross_attention.project_key_value(context)
+
+    def call(
+        self,
+        x,
+        context=None,
+        *,
+        context_mask=None,
+        context_valid_lens=None,
+        context_key_value=None,
+        mask=None,
+        cache=None,
+        cache_index=None,
+        training=None,
+    ):
+        where = "TransformerDecoderLayer"
+        if (context is None) == (context_key_value is None):
+            raise ValueError(f"{where}: give exactly one of `context` and `context_key_value`.")
+        if context_mask is not None and len(tuple(context_mask.shape)) == 2:
+            context_mask = keras.ops.expand_dims(context_mask, 1)  # key padding, every query
+        new_cache = None
+
+        def self_attention(h):
+            nonlocal new_cache
+            if cache is not None:
+                if mask is not None:
+                    raise ValueError(f"{where}: `mask` cannot be combined with `cache`.")
+                out, new_cache = self.self_attention(
+                    h, cache=cache, cache_index=cache_index, training=training
+                )
+                return out
+            if cache_index is not None:
+                raise ValueError(f"{where}: `cache_index` is only meaningful with `cache`.")
+            return self.self_attention(h, h, mask=mask, causal=True, training=training)
+
+        def cross_attention(h):
+            kw = dict(mask=context_mask, valid_lens=context_valid_lens, training=training)
+            if context_key_value is not None:
+                return self.cross_attention(h, key_value=context_key_value, **kw)
+            return self.cross_attention(h, context, **kw)
+
+        def ffn(h):
+            return self.ffn_2(self.ffn_1(h))
+
+        if self.norm_first:
+            x = x + self.dropout_1(self_attention(self.norm_1(x)), training=training)
+            x = x + self.dropout_2(cross_attention(self.norm_2(x)), training=training)
+            y = x + self.dropout_3(ffn(self.norm_3(x)), training=training)
+        else:
+            x = self.norm_1(x + self.dropout_1(self_attention(x), training=training))
+            x = self.norm_2(x + self.dropout_2(cross_attention(x), training=training))
+            y = self.norm_3(x + self.dropout_3(ffn(x), training=training))
+        return (y, new_cache) if cache is not None else y
+
+    def compute_output_shape(self, x_shape, context_shape=None):
+        return x_shape
+
+    def compute_mask(self, inputs, mask=None):
+        return None
+
+    def get_config(self) -> dict:
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "dff": self.dff,
+            "rate": self.rate,
+            "norm_first": self.norm_first,
+            "epsilon": self.epsilon,
+            "activation": self.activation,
+            "num_key_value_heads": self.num_key_value_heads,
+            "rotary_max_length": self.rotary_max_length,
+            "seed": self.seed,
+        }
