@@ -180,10 +180,12 @@ def attend(
 
 
 def _fused_ok(ops: Any, query: Any, key: Any, value: Any) -> bool:
-    """The backend has a fused kernel for these (float32) arrays: value width == key width
-    (Keras' fused attention fails otherwise on jax)."""
+    """The backend has a fused kernel for these (float32) arrays that is worth taking
+    (`fused_attention_pays`), and value width == key width (Keras' fused attention fails
+    otherwise on jax)."""
     return (
         hasattr(ops, "fused_attention")
+        and getattr(ops, "fused_attention_pays", True)
         and ops.dtype_name(query) == "float32"
         and shape_of(key)[-1] is not None
         and shape_of(key)[-1] == shape_of(value)[-1]
