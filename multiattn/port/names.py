@@ -16,6 +16,8 @@ These functions import no framework; the checkpoint CLI uses them directly.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .layout import check_config, check_weights, encoder_attention_config, expected_shapes
@@ -144,19 +146,7 @@ def torch_to_neutral(kind: str, flat: dict, config: dict) -> dict[str, np.ndarra
     flat = check_weights(_torch_expected(kind, c), flat, f"torch {kind} state_dict")
     if kind == "mha":
         return _torch_mha_from(flat, c)
-    out = {
-        f"attention/{k}": v
-        for k, v in _torch_mha_from(flat, encoder_attention_config(c), "self_attn.").items()
-    }
-    for n in ("ffn_1", "ffn_2"):
-        t = _ENCODER_TORCH[n]
-        out[f"{n}/kernel"] = _c(flat[f"{t}.weight"].T)
-        out[f"{n}/bias"] = flat[f"{t}.bias"]
-    for n in ("norm_1", "norm_2"):
-        t = _ENCODER_TORCH[n]
-        out[f"{n}/gamma"] = flat[f"{t}.weight"]
-        out[f"{n}/beta"] = flat[f"{t}.bias"]
-    return out
+    return _encoder_from(flat, c, _torch_mha_from, transposed=True)
 
 
 def neutral_to_torch(kind: str, weights: dict, config: dict) -> dict[str, np.ndarray]:
@@ -167,17 +157,7 @@ def neutral_to_torch(kind: str, weights: dict, config: dict) -> dict[str, np.nda
         return _torch_mha_to(w, c)
     if kind != "encoder":
         raise ValueError(f"torch layout: no torch.nn module for kind {kind!r}.")
-    attn = {k.removeprefix("attention/"): v for k, v in w.items() if k.startswith("attention/")}
-    out = _torch_mha_to(attn, encoder_attention_config(c), "self_attn.")
-    for n in ("ffn_1", "ffn_2"):
-        t = _ENCODER_TORCH[n]
-        out[f"{t}.weight"] = _c(w[f"{n}/kernel"].T)
-        out[f"{t}.bias"] = w[f"{n}/bias"]
-    for n in ("norm_1", "norm_2"):
-        t = _ENCODER_TORCH[n]
-        out[f"{t}.weight"] = w[f"{n}/gamma"]
-        out[f"{t}.bias"] = w[f"{n}/beta"]
-    return out
+    return _encoder_to(w, c, _torch_mha_to, transposed=True)
 
 
 def _paddle_expected(kind: str, c: dict) -> dict[str, tuple[int, ...]]:
@@ -241,19 +221,7 @@ def paddle_to_neutral(kind: str, flat: dict, config: dict) -> dict[str, np.ndarr
     flat = check_weights(_paddle_expected(kind, c), flat, f"paddle {kind} state_dict")
     if kind == "mha":
         return _paddle_mha_from(flat, c)
-    out = {
-        f"attention/{k}": v
-        for k, v in _paddle_mha_from(flat, encoder_attention_config(c), "self_attn.").items()
-    }
-    for n in ("ffn_1", "ffn_2"):
-        t = _ENCODER_TORCH[n]
-        out[f"{n}/kernel"] = flat[f"{t}.weight"]
-        out[f"{n}/bias"] = flat[f"{t}.bias"]
-    for n in ("norm_1", "norm_2"):
-        t = _ENCODER_TORCH[n]
-        out[f"{n}/gamma"] = flat[f"{t}.weight"]
-        out[f"{n}/beta"] = flat[f"{t}.bias"]
-    return out
+    return _encoder_from(flat, c, _paddle_mha_from, transposed=False)
 
 
 def neutral_to_paddle(kind: str, weights: dict, config: dict) -> dict[str, np.ndarray]:
@@ -264,11 +232,35 @@ def neutral_to_paddle(kind: str, weights: dict, config: dict) -> dict[str, np.nd
         return _paddle_mha_to(w, c)
     if kind != "encoder":
         raise ValueError(f"paddle layout: no paddle.nn module for kind {kind!r}.")
-    attn = {k.removeprefix("attention/"): v for k, v in w.items() if k.startswith("attention/")}
-    out = _paddle_mha_to(attn, encoder_attention_config(c), "self_attn.")
+    return _encoder_to(w, c, _paddle_mha_to, transposed=False)
+
+
+def _encoder_from(flat: dict, c: dict, mha_from: Any, *, transposed: bool) -> dict:
+    """A torch or Paddle ``TransformerEncoderLayer`` state_dict (both name their sublayers
+    alike) as neutral encoder weights; ``transposed``: linear weights stored ``(out, in)``
+    (torch) rather than ``(in, out)`` (Paddle)."""
+    attn = mha_from(flat, encoder_attention_config(c), "self_attn.")
+    out = {f"attention/{k}": v for k, v in attn.items()}
     for n in ("ffn_1", "ffn_2"):
         t = _ENCODER_TORCH[n]
-        out[f"{t}.weight"] = w[f"{n}/kernel"]
+        weight = flat[f"{t}.weight"]
+        out[f"{n}/kernel"] = _c(weight.T) if transposed else weight
+        out[f"{n}/bias"] = flat[f"{t}.bias"]
+    for n in ("norm_1", "norm_2"):
+        t = _ENCODER_TORCH[n]
+        out[f"{n}/gamma"] = flat[f"{t}.weight"]
+        out[f"{n}/beta"] = flat[f"{t}.bias"]
+    return out
+
+
+def _encoder_to(w: dict, c: dict, mha_to: Any, *, transposed: bool) -> dict:
+    """Neutral encoder weights as a torch or Paddle state_dict (see `_encoder_from`)."""
+    attn = {k.removeprefix("attention/"): v for k, v in w.items() if k.startswith("attention/")}
+    out = mha_to(attn, encoder_attention_config(c), "self_attn.")
+    for n in ("ffn_1", "ffn_2"):
+        t = _ENCODER_TORCH[n]
+        kernel = w[f"{n}/kernel"]
+        out[f"{t}.weight"] = _c(kernel.T) if transposed else kernel
         out[f"{t}.bias"] = w[f"{n}/bias"]
     for n in ("norm_1", "norm_2"):
         t = _ENCODER_TORCH[n]
