@@ -6,8 +6,7 @@ from typing import Any
 
 import keras
 
-from .._checks import check_positive_int, check_rate
-from ._base import static_width
+from ._base import check_block_args, static_width
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization
 
@@ -86,26 +85,24 @@ class TransformerDecoderLayer(keras.layers.Layer):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        where = "TransformerDecoderLayer"
-        self.d_model = check_positive_int(where, "d_model", d_model)
-        self.num_heads = check_positive_int(where, "num_heads", num_heads)
-        self.dff = check_positive_int(where, "dff", dff)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"{where}: `d_model` ({d_model}) must be divisible by `num_heads` ({num_heads})."
-            )
-        self.rate = check_rate(where, "rate", rate)
-        if not isinstance(norm_first, bool):
-            raise TypeError(f"{where}: `norm_first` must be a bool; received {norm_first!r}.")
-        self.norm_first = norm_first
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-            raise ValueError(f"{where}: `epsilon` must be a positive float; received {epsilon!r}.")
-        self.epsilon = float(epsilon)
-        try:
-            keras.activations.get(activation)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"{where}: unknown `activation` {activation!r}.") from err
-        self.activation = activation
+        (
+            self.d_model,
+            self.num_heads,
+            self.dff,
+            self.rate,
+            self.norm_first,
+            self.epsilon,
+            self.activation,
+        ) = check_block_args(
+            "TransformerDecoderLayer",
+            d_model,
+            num_heads,
+            dff,
+            rate,
+            norm_first,
+            epsilon,
+            activation,
+        )
         self.num_key_value_heads = num_key_value_heads
         self.rotary_max_length = rotary_max_length
         self.seed = seed

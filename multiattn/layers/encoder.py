@@ -6,8 +6,7 @@ from typing import Any
 
 import keras
 
-from .._checks import check_positive_int, check_rate
-from ._base import static_width
+from ._base import check_block_args, static_width
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization
 
@@ -68,26 +67,24 @@ class TransformerEncoderLayer(keras.layers.Layer):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        where = "TransformerEncoderLayer"
-        self.d_model = check_positive_int(where, "d_model", d_model)
-        self.num_heads = check_positive_int(where, "num_heads", num_heads)
-        self.dff = check_positive_int(where, "dff", dff)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"{where}: `d_model` ({d_model}) must be divisible by `num_heads` ({num_heads})."
-            )
-        self.rate = check_rate(where, "rate", rate)
-        if not isinstance(norm_first, bool):
-            raise TypeError(f"{where}: `norm_first` must be a bool; received {norm_first!r}.")
-        self.norm_first = norm_first
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-            raise ValueError(f"{where}: `epsilon` must be a positive float; received {epsilon!r}.")
-        self.epsilon = float(epsilon)
-        try:
-            keras.activations.get(activation)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"{where}: unknown `activation` {activation!r}.") from err
-        self.activation = activation
+        (
+            self.d_model,
+            self.num_heads,
+            self.dff,
+            self.rate,
+            self.norm_first,
+            self.epsilon,
+            self.activation,
+        ) = check_block_args(
+            "TransformerEncoderLayer",
+            d_model,
+            num_heads,
+            dff,
+            rate,
+            norm_first,
+            epsilon,
+            activation,
+        )
         self.seed = seed
         self.supports_masking = True
         dtype = self.dtype_policy
