@@ -92,6 +92,12 @@ class _Native:
             return f"{self.name} runs only {' and '.join(self.ops)} cases"
         if case.dtype not in self.dtypes:
             return f"{self.name} is not run in {case.dtype} (keeps the suite short)"
+        if case.op == "mha":
+            p = case.params
+            if (p.get("num_key_value_heads") or p["num_heads"]) != p["num_heads"]:
+                return f"{self.name}: the layer has no grouped-query attention"
+            if p.get("rotary_max_length"):
+                return f"{self.name}: the layer has no rotary position embedding"
         return self.fits(case)
 
     def fits(self, case: Case) -> bool | str:
