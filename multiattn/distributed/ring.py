@@ -24,6 +24,7 @@ from typing import Any
 from .._checks import HALF_DTYPES, check_float, check_scale, fmt_shape, shape_of
 from .._namespace import get_ops
 from ..ops import blockwise
+from ..ops.masking import check_valid_lens
 
 __all__ = ["ring_attention"]
 
@@ -175,7 +176,7 @@ def ring_attention(
     heads = shape_of(query)[2]
     lens = None
     if valid_lens is not None:
-        lens = blockwise.check_valid_lens(
+        lens = check_valid_lens(
             ops, jax.numpy.asarray(valid_lens), (qs[0], heads, qs[1], ks[1]), _WHERE
         )
     if dtype in HALF_DTYPES:

@@ -25,9 +25,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._checks import as_array, broadcast_shape, fmt_shape, shape_of
-from .._checks import concrete as _concrete
 from ..config import get_attention_memory_budget
-from .masking import _INT_DTYPES, _mask_to_bool
+from .masking import _mask_to_bool, check_valid_lens
 
 __all__ = [
     "MAX_QUERY_BLOCKS",
@@ -97,50 +96,6 @@ def split_masks(
             f"of shape {fmt_shape(scores_shape)}."
         )
     return keep, lens, bool(causal)
-
-
-def check_valid_lens(ops: Any, valid_lens: Any, scores_shape: tuple, where: str) -> Any:
-    """The checks of `multiattn.ops.valid_lens_to_mask`; returns the lengths as int32."""
-    valid_lens = as_array(valid_lens)
-    vshape = shape_of(valid_lens)
-    ndim = len(scores_shape)
-    if len(vshape) not in (1, 2):
-        raise ValueError(
-            f"{where}: `valid_lens` must have shape (batch,) or (batch, queries); "
-            f"received shape {fmt_shape(vshape)}."
-        )
-    min_rank = 2 if len(vshape) == 1 else 3
-    if ndim < min_rank:
-        raise ValueError(
-            f"{where}: `valid_lens` of shape {fmt_shape(vshape)} needs scores of rank >= "
-            f"{min_rank}; received scores of shape {fmt_shape(scores_shape)}."
-        )
-    expected = (scores_shape[0],) if len(vshape) == 1 else (scores_shape[0], scores_shape[-2])
-    if any(v is not None and e is not None and v != e for v, e in zip(vshape, expected)):
-        raise ValueError(
-            f"{where}: `valid_lens` must have shape {fmt_shape(expected)} "
-            f"(batch{'' if len(vshape) == 1 else ', queries'}) for scores of shape "
-            f"{fmt_shape(scores_shape)}; received shape {fmt_shape(vshape)}."
-        )
-    if len(vshape) == 2 and vshape[1] is None:
-        raise ValueError(f"{where}: the query axis of `valid_lens` must have a static size.")
-    dtype = ops.dtype_name(valid_lens)
-    if dtype == "bool" or (dtype not in _INT_DTYPES and "float" not in dtype):
-        raise TypeError(f"{where}: `valid_lens` must hold integer lengths; received dtype {dtype}.")
-    num_keys = scores_shape[-1]
-    values = _concrete(ops, valid_lens)
-    if values is not None and values.size:
-        bad = values[(values < 0) | (values != np.floor(values))]
-        if bad.size:
-            raise ValueError(
-                f"{where}: `valid_lens` must hold non-negative whole numbers; received {bad.ravel()[0]!r}."
-            )
-        if num_keys is not None and values.max() > num_keys:
-            raise ValueError(
-                f"{where}: `valid_lens` may not exceed the number of keys ({num_keys}); "
-                f"received {values.max()!r}."
-            )
-    return ops.cast(valid_lens, "int32")
 
 
 def lens_rank4(ops: Any, lens: Any) -> Any:

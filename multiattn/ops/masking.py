@@ -78,7 +78,10 @@ def valid_lens_to_mask(
     return _valid_lens_keep(get_ops(valid_lens), valid_lens, scores_shape, where)
 
 
-def _valid_lens_keep(ops: Any, valid_lens: Any, scores_shape: tuple, where: str) -> Any:
+def check_valid_lens(ops: Any, valid_lens: Any, scores_shape: tuple, where: str) -> Any:
+    """The checks of `valid_lens_to_mask` (shape against the scores, integer dtype, and,
+    when the values are concrete, whole numbers in ``[0, keys]``); returns the lengths as
+    int32, shaped as received."""
     valid_lens = as_array(valid_lens)
     vshape = shape_of(valid_lens)
     ndim = len(scores_shape)
@@ -100,6 +103,8 @@ def _valid_lens_keep(ops: Any, valid_lens: Any, scores_shape: tuple, where: str)
             f"(batch{'' if len(vshape) == 1 else ', queries'}) for scores of shape "
             f"{fmt_shape(scores_shape)}; received shape {fmt_shape(vshape)}."
         )
+    if len(vshape) == 2 and vshape[1] is None:
+        raise ValueError(f"{where}: the query axis of `valid_lens` must have a static size.")
     dtype = ops.dtype_name(valid_lens)
     if dtype == "bool" or (dtype not in _INT_DTYPES and "float" not in dtype):
         raise TypeError(f"{where}: `valid_lens` must hold integer lengths; received dtype {dtype}.")
@@ -116,13 +121,16 @@ def _valid_lens_keep(ops: Any, valid_lens: Any, scores_shape: tuple, where: str)
                 f"{where}: `valid_lens` may not exceed the number of keys ({num_keys}); "
                 f"received {values.max()!r}."
             )
-    lens = ops.cast(valid_lens, "int32")
+    return ops.cast(valid_lens, "int32")
+
+
+def _valid_lens_keep(ops: Any, valid_lens: Any, scores_shape: tuple, where: str) -> Any:
+    lens = check_valid_lens(ops, valid_lens, scores_shape, where)
+    vshape, ndim, num_keys = shape_of(lens), len(scores_shape), scores_shape[-1]
     if len(vshape) == 1:
         lens = ops.reshape(lens, (-1,) + (1,) * (ndim - 1))
     else:
-        lens = ops.reshape(lens, (-1,) + (1,) * (ndim - 3) + (vshape[1] or -1, 1))
-        if vshape[1] is None:
-            raise ValueError(f"{where}: the query axis of `valid_lens` must have a static size.")
+        lens = ops.reshape(lens, (-1,) + (1,) * (ndim - 3) + (vshape[1], 1))
     positions = ops.arange(num_keys, dtype="int32")
     return ops.less(positions, lens)
 
