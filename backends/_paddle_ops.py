@@ -664,7 +664,12 @@ def _parse_einsum(subscripts: str, ndims: Sequence[int]) -> tuple[list[list], li
 
 
 # subscripts that are a batched matrix product -> transpose_y
-_MATMUL_SUBSCRIPTS = {"...qd,...kd->...qk": True, "...qk,...kd->...qd": False}
+_MATMUL_SUBSCRIPTS = {
+    "...qd,...kd->...qk": True,
+    "...qk,...kd->...qd": False,
+    "bhqd,bhkd->bhqk": True,  # the core's explicit attention path (head-major)
+    "bhqk,bhkd->bhqd": False,
+}
 
 
 def einsum_by_broadcast(subscripts: str, *operands: paddle.Tensor) -> paddle.Tensor:

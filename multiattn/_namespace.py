@@ -14,6 +14,7 @@ find a tensor's framework).
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,10 +76,71 @@ class KerasNamespace:
         """Inverted dropout of ``x`` with drop probability ``rate``."""
         return self._keras.random.dropout(x, rate, seed=seed)
 
+    def linear(self, x: Any, kernel: Any, bias: Any = None, contract: int = 1) -> Any:
+        """A dense projection: ``x`` ``(..., *k)`` contracted with ``kernel`` ``(*k, *n)``
+        over the ``contract`` axes ``k``, plus ``bias`` ``(*n)`` (or None); returns
+        ``(..., *n)`` in the dtype of ``x`` and ``kernel`` (which must agree).
+
+        ``keras.ops.einsum`` on every backend, except float32 CPU tensors on PyTorch
+        with oneDNN (see `multiattn.config.set_torch_onednn`): there the product runs as
+        one ``(N, K) @ (K, M)`` oneDNN matrix product with the bias added inside it.
+        """
+        if self._onednn_ok(x, kernel, bias):
+            from . import _torch_matmul
+
+            shape = tuple(kernel.shape)
+            k = math.prod(shape[:contract])
+            n = math.prod(shape[contract:])
+            y = _torch_matmul.matmul_bias(
+                x.reshape(-1, k), kernel.reshape(k, n), None if bias is None else bias.reshape(n)
+            )
+            return y.reshape(*x.shape[: x.dim() - contract], *shape[contract:])
+        # Explicit subscripts: TensorFlow's einsum gradient with "..." broadcasts the
+        # operands against each other (an (batch, seq, in, out) temporary).
+        lead = "ABCDEFGH"[: len(x.shape) - contract]
+        k, n = "abcdefgh"[:contract], "abcdefgh"[contract : len(kernel.shape)]
+        y = self.einsum(f"{lead}{k},{k}{n}->{lead}{n}", x, kernel)
+        return y if bias is None else y + bias
+
+    def _onednn_ok(self, x: Any, kernel: Any, bias: Any) -> bool:
+        if self._keras.backend.backend() != "torch":
+            return False
+        from . import config
+
+        if not config.get_torch_onednn():
+            return False
+        from . import _torch_matmul
+
+        tensors = [t for t in (x, kernel, bias) if t is not None]
+        import torch
+
+        return (
+            _torch_matmul.available()
+            and all(isinstance(t, torch.Tensor) for t in tensors)
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and x.numel() > 0
+        )
+
     def fused_attention(self, query, key, value, mask, scale, is_causal=False):
         """The backend's fused attention on ``(batch, seq, heads, dim)`` arrays
         (``is_causal``: top-left aligned, used by the core only when queries and keys are
-        equally long)."""
+        equally long; ``mask``: bool, True = may attend, rank 4, no row fully masked).
+
+        On torch, PyTorch's ``scaled_dot_product_attention`` is called on ``(batch,
+        heads, seq, dim)`` views of the inputs with the bool mask as it is:
+        ``keras.ops.dot_product_attention`` copies the three inputs to contiguous
+        tensors first and turns the mask into an additive float mask.
+        """
+        if self._keras.backend.backend() == "torch":
+            import torch
+
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *(t.transpose(1, 2) for t in (query, key, value)),
+                attn_mask=mask,
+                is_causal=is_causal,
+                scale=scale,
+            )
+            return out.transpose(1, 2)
         return self._ops.dot_product_attention(
             query, key, value, mask=mask, scale=scale, is_causal=is_causal
         )
@@ -86,10 +148,21 @@ class KerasNamespace:
     @property
     def fused_attention_pays(self) -> bool:
         """False where the backend's fused attention is measured slower than the core's
-        explicit path: JAX on CPU, where ``jax.nn.dot_product_attention`` (XLA) took
-        153 ms forward and 263 ms forward+backward against 123 ms and 251 ms for the
-        explicit path, on ``(8, 512, 8, 64)`` float32 under ``jax.jit`` (2-core CPU)."""
-        if self._keras.backend.backend() != "jax":
+        explicit path (`multiattn.ops.attention`):
+
+        * JAX on CPU: ``jax.nn.dot_product_attention`` (XLA) took 153 ms forward and
+          263 ms forward+backward against 123 ms and 251 ms for the explicit path, on
+          ``(8, 512, 8, 64)`` float32 under ``jax.jit`` (2-core CPU);
+        * TensorFlow: Keras' ``dot_product_attention`` there is an explicit path itself,
+          which scales the whole score matrix and contracts in ``(B, T, H, D)`` layout;
+          the core's explicit path (head-major, queries scaled) was 7% to 12% faster
+          forward and forward+backward in multi-head self-attention under
+          ``tf.function`` (batch 8, length 512, width 512, 8 heads, float32).
+        """
+        backend = self._keras.backend.backend()
+        if backend == "tensorflow":
+            return False
+        if backend != "jax":
             return True
         import jax
 

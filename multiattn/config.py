@@ -1,6 +1,9 @@
 """Runtime settings of multiattn.
 
-The only setting so far is the *attention memory budget*: the most memory, in bytes, that
+Two settings: the *attention memory budget* and whether dense projections on PyTorch
+CPU run through oneDNN (see `set_torch_onednn`).
+
+The *attention memory budget* is the most memory, in bytes, that
 the attention score matrix of one call may take. When the scores of a call
 (``batch * heads * queries * keys`` elements of the compute dtype: float32 for float16,
 bfloat16 and float32 inputs, float64 for float64) would exceed the budget, attention is
@@ -36,9 +39,12 @@ import numpy as np
 __all__ = [
     "BUDGET_ENV_VAR",
     "DEFAULT_ATTENTION_MEMORY_BUDGET",
+    "ONEDNN_ENV_VAR",
     "attention_memory_budget",
     "get_attention_memory_budget",
+    "get_torch_onednn",
     "set_attention_memory_budget",
+    "set_torch_onednn",
 ]
 
 BUDGET_ENV_VAR = "MULTIATTN_ATTENTION_MEMORY_BUDGET"
@@ -62,7 +68,10 @@ _UNITS = {
 }
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
+ONEDNN_ENV_VAR = "MULTIATTN_TORCH_ONEDNN"
+
 _budget: int | None = None
+_torch_onednn: bool | None = None
 
 
 def parse_bytes(value: Any, *, what: str = "attention memory budget") -> int:
@@ -123,3 +132,36 @@ def attention_memory_budget(nbytes: int | str | None) -> Iterator[int]:
         yield get_attention_memory_budget()
     finally:
         _budget = saved
+
+
+def set_torch_onednn(enabled: bool | None) -> None:
+    """Whether multiattn's dense projections on PyTorch CPU in float32 (the query, key,
+    value and output projections of `multiattn.layers.MultiHeadAttention`) run through
+    PyTorch's oneDNN linear operator instead of its BLAS matrix product.
+
+    On by default where the PyTorch build has oneDNN: on the project's AMD EPYC machine
+    MKL's float32 product runs at half the speed of oneDNN's. The two differ only by
+    rounding (a few units in the last place). ``False`` keeps PyTorch's own product;
+    ``None`` forgets the value set here: the environment variable
+    ``MULTIATTN_TORCH_ONEDNN`` (``0``, ``false``, ``no`` or ``off`` disable it), else the
+    default (on), applies again. Read when a projection runs (or is traced).
+    """
+    global _torch_onednn
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"set_torch_onednn: expected True, False or None; received {enabled!r}.")
+    _torch_onednn = enabled
+
+
+def get_torch_onednn() -> bool:
+    """Whether oneDNN projections are enabled (set value, else environment, else True);
+    they run only where PyTorch has oneDNN, on float32 CPU tensors."""
+    if _torch_onednn is not None:
+        return _torch_onednn
+    raw = os.environ.get(ONEDNN_ENV_VAR, "").strip().lower()
+    if raw in ("0", "false", "no", "off"):
+        return False
+    if raw in ("", "1", "true", "yes", "on"):
+        return True
+    raise ValueError(
+        f"{ONEDNN_ENV_VAR}: expected 1/0, true/false, yes/no or on/off; received {raw!r}."
+    )

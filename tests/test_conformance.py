@@ -30,6 +30,23 @@ def test_fixtures_match_a_fresh_generation():
     assert check(fixtures.DEFAULT_DIR) == []
 
 
+def test_fixture_check_tolerates_blas_rounding_only():
+    """The drift check accepts the last-bit differences of another CPU's BLAS and
+    nothing more: exact inputs, float64 outputs to 1e-13, gradients to 1e-8 of the
+    case's largest gradient."""
+    from multiattn.conformance.generate import EXPECTED_DRIFT, GRAD_DRIFT, _same
+
+    x = np.linspace(-2.0, 3.0, 12)
+    assert _same("input/q", x, x.copy(), 1.0)
+    assert not _same("input/q", x, x + 1e-16 * 3, 1.0)
+    assert _same("expected/output", x + 3.0 * EXPECTED_DRIFT / 4, x, 1.0)
+    assert not _same("expected/output", x + 3.0 * EXPECTED_DRIFT * 2, x, 1.0)
+    assert _same("grad/input/q", x + GRAD_DRIFT * 5.0 / 2, x, 5.0)
+    assert not _same("grad/input/q", x + GRAD_DRIFT * 5.0 * 2, x, 5.0)
+    inf = np.array([np.inf, 1.0])
+    assert not _same("expected/output", np.array([1.0, 1.0]), inf, 1.0)
+
+
 def test_fixtures_are_small_and_load_without_pickle():
     size = sum(p.stat().st_size for p in fixtures.DEFAULT_DIR.iterdir())
     assert size < 2 * 1024 * 1024

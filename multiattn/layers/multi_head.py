@@ -213,8 +213,10 @@ class MultiHeadAttention(keras.layers.Layer):
         )
 
     def _project(self, ops: Any, x: Any, kernel: Any, bias: Any) -> Any:
-        y = ops.einsum("bte,ehd->bthd", x, ops.cast(kernel, self.compute_dtype))
-        return y if bias is None else y + ops.cast(bias, self.compute_dtype)
+        dtype = self.compute_dtype
+        return ops.linear(
+            x, ops.cast(kernel, dtype), None if bias is None else ops.cast(bias, dtype)
+        )
 
     def _keep(
         self, where: str, ops: Any, shape4: tuple, mask: Any, valid_lens: Any, causal: bool
@@ -238,10 +240,9 @@ class MultiHeadAttention(keras.layers.Layer):
         return self.rotary(q, offset=q_offset), self.rotary(k, offset=k_offset)
 
     def _output(self, ops: Any, heads: Any) -> Any:
-        out = ops.einsum("bthv,hvo->bto", heads, ops.cast(self.output_kernel, self.compute_dtype))
-        if self.output_bias is not None:
-            out = out + ops.cast(self.output_bias, self.compute_dtype)
-        return out
+        dtype = self.compute_dtype
+        bias = None if self.output_bias is None else ops.cast(self.output_bias, dtype)
+        return ops.linear(heads, ops.cast(self.output_kernel, dtype), bias, contract=2)
 
     def _attend(self, ops, q, k, v, keep, lens, causal, return_weights, training) -> Any:
         return attend(

@@ -209,12 +209,21 @@ def combine_keep(
     return keep
 
 
+#: What masked scores are replaced with before the softmax: the lowest finite float32,
+#: exact in float32 and float64 (the dtypes the softmax runs in). Its exponent underflows
+#: to 0 next to any kept score.
+MASKED_SCORE = -3.4028234663852886e38
+
+
 def softmax_where(ops: Any, x: Any, keep: Any) -> Any:
     """Softmax over the last axis restricted to ``keep`` (bool or None).
 
-    Half precision is computed in float32 and cast back. A row with nothing to keep
-    yields zeros. The shift by the row maximum is taken over kept entries only and held
-    constant for differentiation, so no NaN or Inf reaches the gradient.
+    Half precision is computed in float32 and cast back. Masked scores are replaced by
+    `MASKED_SCORE` before the backend's own (max-shifted) softmax and the weights outside
+    ``keep`` are then set to exactly 0, so a row with nothing to keep yields zeros. Both
+    replacements are selections: no NaN or Inf reaches the gradient, and masked scores
+    get a zero gradient. A kept score of ``-inf`` gets weight 0 next to a finite kept
+    score. Three passes over the scores (select, softmax, select) whatever the mask.
     """
     dtype = ops.dtype_name(x)
     if dtype in HALF_DTYPES:
@@ -222,13 +231,8 @@ def softmax_where(ops: Any, x: Any, keep: Any) -> Any:
     if keep is None:
         weights = ops.softmax(x, axis=-1)
     else:
-        row_max = ops.max(ops.where(keep, x, float("-inf")), axis=-1, keepdims=True)
-        row_any = ops.any(keep, axis=-1, keepdims=True)
-        row_max = ops.stop_gradient(ops.where(row_any, row_max, 0.0))
-        shifted = ops.where(keep, x - row_max, 0.0)
-        exps = ops.where(keep, ops.exp(shifted), 0.0)
-        total = ops.sum(exps, axis=-1, keepdims=True)
-        weights = exps / ops.where(total > 0, total, 1.0)
+        weights = ops.softmax(ops.where(keep, x, MASKED_SCORE), axis=-1)
+        weights = ops.where(keep, weights, 0.0)
     if dtype in HALF_DTYPES:
         weights = ops.cast(weights, dtype)
     return weights

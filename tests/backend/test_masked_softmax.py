@@ -88,6 +88,27 @@ def test_gradient_finite_with_fully_masked_rows(dtype):
     assert np.abs(grad - want).max() / scale <= bound
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_minus_inf_scores_get_zero_weight(dtype):
+    """A kept score of -inf (an additive mask) gets weight 0, the row's other scores
+    share the rest, and the gradient stays finite."""
+    x = X.copy()
+    x[1, 2, 1:] = -np.inf  # all but one
+    x[2, 0, ::2] = -np.inf
+    valid_lens = np.array([6, 4, 6])
+    got = to_np(ops.masked_softmax(cast(x, dtype), valid_lens))
+    assert np.all(np.isfinite(got))
+    assert got[1, 2, 0] == 1.0 and np.all(got[1, 2, 1:] == 0.0)
+    assert np.all(got[2, 0, ::2] == 0.0)
+    assert_close(got, ref.masked_softmax(rounded(x, dtype), valid_lens=valid_lens), dtype)
+    if dtype in ("float32", "float64"):
+        (grad,) = gradients(
+            lambda t: keras.ops.sum(ops.masked_softmax(t, valid_lens) * cast(X, dtype)),
+            cast(x, dtype),
+        )
+        assert np.all(np.isfinite(grad)) and np.all(grad[1, 2] == 0.0)
+
+
 @pytest.mark.parametrize("fn", ["masked_softmax", "score_attention", "sdpa"])
 def test_numpy_inputs_are_accepted_on_every_backend(fn):
     """Plain NumPy arrays go in as they are (they become tensors of the backend)."""

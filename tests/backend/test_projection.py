@@ -1,0 +1,155 @@
+"""The namespace's dense projection (``linear``) against a float64 NumPy oracle: values
+and gradients, both contraction ranks, with and without bias; on torch, the oneDNN path
+and PyTorch's own product, switched by `multiattn.config.set_torch_onednn`."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from _support import BACKEND, DTYPES, LAYER_TOL, assert_close, cast, gradients, rounded
+
+from multiattn import config
+from multiattn._namespace import get_ops
+
+RNG = np.random.default_rng(7)
+ONEDNN = (True, False) if BACKEND == "torch" else (None,)
+
+
+def _oracle(x, kernel, bias, contract):
+    y = np.tensordot(x, kernel, axes=contract)
+    return y if bias is None else y + bias
+
+
+def _case(contract: int, with_bias: bool):
+    """x (2, 5, 3, 4) [contract 2: (..., 3, 4)] or (2, 5, 12) and a kernel to (3, 2)."""
+    if contract == 1:
+        x, kernel = RNG.standard_normal((2, 5, 12)), RNG.standard_normal((12, 3, 2))
+    else:
+        x, kernel = RNG.standard_normal((2, 5, 3, 4)), RNG.standard_normal((3, 4, 6))
+    bias = RNG.standard_normal(kernel.shape[contract:]) if with_bias else None
+    return x, kernel, bias
+
+
+@pytest.fixture(params=ONEDNN, ids=lambda v: {True: "onednn", False: "blas", None: "einsum"}[v])
+def onednn(request):
+    if request.param is not None:
+        config.set_torch_onednn(request.param)
+    yield request.param
+    config.set_torch_onednn(None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("contract", [1, 2])
+def test_linear_against_oracle(dtype, contract, with_bias, onednn):
+    x, kernel, bias = _case(contract, with_bias)
+    ops = get_ops()
+    got = ops.linear(
+        cast(x, dtype),
+        cast(kernel, dtype),
+        None if bias is None else cast(bias, dtype),
+        contract=contract,
+    )
+    want = _oracle(
+        rounded(x, dtype),
+        rounded(kernel, dtype),
+        None if bias is None else rounded(bias, dtype),
+        contract,
+    )
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    assert_close(got, want, dtype, LAYER_TOL)
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in ("float32", "float64")])
+@pytest.mark.parametrize("contract", [1, 2])
+def test_linear_gradients_against_oracle(dtype, contract, onednn):
+    x, kernel, bias = _case(contract, True)
+    weights = RNG.standard_normal(x.shape[: x.ndim - contract] + kernel.shape[contract:])
+    ops = get_ops()
+    w = cast(weights, dtype)
+
+    def loss(x, kernel, bias):
+        return keras.ops.sum(ops.linear(x, kernel, bias, contract=contract) * w)
+
+    got = gradients(loss, cast(x, dtype), cast(kernel, dtype), cast(bias, dtype))
+    lead = tuple(range(x.ndim - contract))
+    n_axes = tuple(range(x.ndim - contract, weights.ndim))
+    want_x = np.tensordot(weights, kernel, axes=(n_axes, tuple(range(contract, kernel.ndim))))
+    want_kernel = np.tensordot(x, weights, axes=(lead, lead))
+    want_bias = weights.sum(axis=lead)
+    for g, want in zip(got, (want_x, want_kernel, want_bias)):
+        assert_close(g, want, dtype)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the oneDNN path is PyTorch's")
+def test_torch_onednn_path_is_taken_and_switchable(monkeypatch):
+    from multiattn import _torch_matmul
+
+    if not _torch_matmul.available():
+        pytest.skip("this PyTorch build has no oneDNN linear operator")
+    calls = []
+    real = _torch_matmul.matmul_bias
+    monkeypatch.setattr(_torch_matmul, "matmul_bias", lambda *a: calls.append(1) or real(*a))
+    x, kernel, bias = _case(1, True)
+    ops = get_ops()
+    args = (cast(x, "float32"), cast(kernel, "float32"), cast(bias, "float32"))
+    try:
+        config.set_torch_onednn(None)
+        ops.linear(*args)
+        assert len(calls) == 1
+        config.set_torch_onednn(False)
+        ops.linear(*args)
+        assert len(calls) == 1
+        monkeypatch.setenv(config.ONEDNN_ENV_VAR, "off")
+        config.set_torch_onednn(None)
+        ops.linear(*args)
+        assert len(calls) == 1
+        ops.linear(*(cast(a, "float64") for a in (x, kernel, bias)))  # float64: BLAS
+        assert len(calls) == 1
+    finally:
+        config.set_torch_onednn(None)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the oneDNN path is PyTorch's")
+def test_torch_onednn_second_order_gradients_match_blas():
+    """The backward pass is made of the same differentiable product, so gradients of
+    gradients exist and agree with PyTorch's own product."""
+    import torch
+
+    x, kernel, bias = _case(2, True)
+    results = []
+    for enabled in (True, False):
+        config.set_torch_onednn(enabled)
+        try:
+            leaves = [
+                torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in (x, kernel, bias)
+            ]
+            y = get_ops().linear(*leaves, contract=2)
+            (gx,) = torch.autograd.grad((y**2).sum(), leaves[0], create_graph=True)
+            second = torch.autograd.grad(gx.square().sum(), leaves)
+            results.append([g.detach().numpy().astype(np.float64) for g in second])
+        finally:
+            config.set_torch_onednn(None)
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the oneDNN path is PyTorch's")
+def test_torch_onednn_takes_strided_inputs():
+    """A transposed (non-contiguous) input gives the product of its values."""
+    import torch
+
+    x = torch.tensor(RNG.standard_normal((12, 2, 5)), dtype=torch.float32).permute(1, 2, 0)
+    kernel = torch.tensor(RNG.standard_normal((12, 4)), dtype=torch.float32)
+    got = get_ops().linear(x, kernel)
+    want = np.tensordot(x.numpy().astype(np.float64), kernel.numpy().astype(np.float64), 1)
+    assert_close(got, want, "float32")
+
+
+def test_onednn_setting_rejects_bad_values(monkeypatch):
+    with pytest.raises(TypeError, match="set_torch_onednn"):
+        config.set_torch_onednn("yes")
+    monkeypatch.setenv(config.ONEDNN_ENV_VAR, "maybe")
+    with pytest.raises(ValueError, match=r"MULTIATTN_TORCH_ONEDNN.*'maybe'"):
+        config.get_torch_onednn()
