@@ -85,7 +85,11 @@ def test_quick_run_reports_every_implementation(runs):
             assert info["status"] == "skipped" and "not installed" in info["reason"]
             continue
         assert info["status"] == "ran", info
-        assert info["matmul"]["gflops"] > 0 and info["matmul"]["numpy_float32_gflops"] > 0
+        mm = info["matmul"]
+        assert mm["gflops"] > 0 and mm["numpy_float32_gflops"] > 0
+        assert mm["gflops"] == max(mm["routes"].values()) == mm["routes"][mm["route"]]
+        if framework == "torch" and info["info"].get("torch_onednn_projections"):
+            assert set(mm["routes"]) == {"matmul", "oneDNN linear"}
         assert info["process_max_rss_mib"] > 0
         ratios = []
         for ident in ids:

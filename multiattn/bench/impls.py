@@ -44,6 +44,9 @@ class Framework:
     impls: list[Impl] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)  # {"id", "label", "kind", "reason"}
     matmul: Callable[[int], Callable[[], Any]] | None = None
+    #: further square matrix products the framework offers (name -> factory); the peak
+    #: is the fastest of these and ``matmul``
+    other_matmuls: dict[str, Callable[[int], Callable[[], Any]]] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     #: context manager measuring a call's peak memory (``delta`` bytes, ``method``);
     #: None: `multiattn.bench.common.PeakRSS`
@@ -228,6 +231,18 @@ def build_torch(cfg: dict, x_np: np.ndarray) -> Framework:
         return lambda: torch.matmul(a, a)
 
     fw.matmul = matmul
+    from multiattn import _torch_matmul
+
+    if _torch_matmul.available() and dtype == "float32":
+        # The product multiattn's projections use on CPU (multiattn.config.set_torch_onednn).
+
+        def onednn(n: int) -> Callable[[], Any]:
+            a = torch.randn(n, n, generator=torch.Generator().manual_seed(1))
+            with torch.no_grad():
+                return lambda: _torch_matmul.matmul_bias(a, a, None)
+
+        fw.other_matmuls["oneDNN linear"] = onednn
+    fw.info["torch_onednn_projections"] = _torch_matmul.available() and dtype == "float32"
     return fw
 
 

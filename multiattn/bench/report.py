@@ -82,7 +82,8 @@ def print_report(report: dict, console: Any) -> None:
             peaks.add_row(
                 fw,
                 status,
-                _fmt(mm.get("gflops"), 1),
+                _fmt(mm.get("gflops"), 1)
+                + (f" ({mm['route']})" if len(mm.get("routes", {})) > 1 else ""),
                 _fmt(mm.get("numpy_float32_gflops"), 1),
                 _fmt(info.get("process_max_rss_mib"), 0),
                 info.get("memory_method", ""),
@@ -92,7 +93,8 @@ def print_report(report: dict, console: Any) -> None:
             "x fastest native: the median time over the fastest native layer of the same "
             "framework (below 1 = faster). % of matmul: achieved GFLOP/s over the fastest repeat "
             f"of the worker's {cfg['matmul_size']}x{cfg['matmul_size']} {cfg['dtype']} matmul "
-            "(the framework's peak in this run). peak MiB: "
+            "(the framework's peak in this run; on torch the faster of torch.matmul and the "
+            "oneDNN linear operator multiattn projects with). peak MiB: "
             "memory one call takes above what was in use before it (VmHWM: RSS growth; "
             "tf-allocator: TensorFlow's allocator statistics)."
         )

@@ -94,11 +94,20 @@ def run(framework: str, cfg: dict) -> dict[str, Any]:
     log(f"{framework}: matmul peak")
     size = cfg["matmul_size"]
     matmul: dict[str, Any] = {"size": size, "dtype": cfg["dtype"]}
-    try:
-        assert fw.matmul is not None
-        matmul["gflops"] = peak_matmul_gflops(fw.matmul(size), size, repeats=cfg["mm_repeats"])
-    except Exception as err:
-        matmul["error"] = describe_error(err)
+    routes = {"matmul": fw.matmul, **fw.other_matmuls}
+    matmul["routes"] = {}
+    for name, factory in routes.items():
+        try:
+            assert factory is not None
+            gflops = peak_matmul_gflops(factory(size), size, repeats=cfg["mm_repeats"])
+        except Exception as err:
+            matmul.setdefault("errors", {})[name] = describe_error(err)
+            continue
+        matmul["routes"][name] = gflops
+        if gflops > matmul.get("gflops", 0.0):
+            matmul["gflops"], matmul["route"] = gflops, name
+    if "gflops" not in matmul:
+        matmul["error"] = "; ".join(f"{k}: {v}" for k, v in matmul.get("errors", {}).items())
     matmul["numpy_float32_gflops"] = peak_matmul_gflops(
         numpy_matmul(size), size, repeats=cfg["mm_repeats"]
     )
