@@ -51,6 +51,32 @@ def numpy_matmul(n: int) -> Any:
     return lambda: a @ a
 
 
+def measure_matmuls(fw: Any, cfg: dict, matmul: dict[str, Any]) -> None:
+    """Time every square matrix product of the framework (`Framework.matmul` and
+    `Framework.other_matmuls`) into ``matmul``, keeping each route's best over the calls
+    of this function (``samples`` keeps every measurement). The worker measures before
+    and after the timed runs, so one slow moment of the machine lowers the peak as little
+    as possible."""
+    size = cfg["matmul_size"]
+    routes = {"matmul": fw.matmul, **fw.other_matmuls}
+    found = matmul.setdefault("routes", {})
+    for name, factory in routes.items():
+        try:
+            assert factory is not None
+            gflops = peak_matmul_gflops(factory(size), size, repeats=cfg["mm_repeats"])
+        except Exception as err:
+            matmul.setdefault("errors", {})[name] = describe_error(err)
+            continue
+        matmul.setdefault("samples", {}).setdefault(name, []).append(gflops)
+        found[name] = max(gflops, found.get(name, 0.0))
+    if found:
+        matmul["route"] = max(found, key=found.__getitem__)
+        matmul["gflops"] = found[matmul["route"]]
+        matmul.pop("error", None)
+    else:
+        matmul["error"] = "; ".join(f"{k}: {v}" for k, v in matmul.get("errors", {}).items())
+
+
 def run(framework: str, cfg: dict) -> dict[str, Any]:
     start = time.monotonic()
     x_np = (
@@ -60,6 +86,9 @@ def run(framework: str, cfg: dict) -> dict[str, Any]:
     )
     log(f"{framework}: building")
     fw = BUILDERS[framework](cfg, x_np)
+    log(f"{framework}: matmul peak")
+    matmul: dict[str, Any] = {"size": cfg["matmul_size"], "dtype": cfg["dtype"]}
+    measure_matmuls(fw, cfg, matmul)
     entries = [(f"{impl.id}/{mode}", impl.calls[mode]) for impl in fw.impls for mode in MODES]
     log(f"{framework}: timing {len(entries)} calls x {cfg['repeats']} repeats, interleaved")
     timings = time_interleaved(
@@ -91,25 +120,9 @@ def run(framework: str, cfg: dict) -> dict[str, Any]:
             rec["reason"] = "failed: " + "; ".join(errors)
         impls.append(rec)
     impls += [{**s, "status": "skipped"} for s in fw.skipped]
-    log(f"{framework}: matmul peak")
-    size = cfg["matmul_size"]
-    matmul: dict[str, Any] = {"size": size, "dtype": cfg["dtype"]}
-    routes = {"matmul": fw.matmul, **fw.other_matmuls}
-    matmul["routes"] = {}
-    for name, factory in routes.items():
-        try:
-            assert factory is not None
-            gflops = peak_matmul_gflops(factory(size), size, repeats=cfg["mm_repeats"])
-        except Exception as err:
-            matmul.setdefault("errors", {})[name] = describe_error(err)
-            continue
-        matmul["routes"][name] = gflops
-        if gflops > matmul.get("gflops", 0.0):
-            matmul["gflops"], matmul["route"] = gflops, name
-    if "gflops" not in matmul:
-        matmul["error"] = "; ".join(f"{k}: {v}" for k, v in matmul.get("errors", {}).items())
+    measure_matmuls(fw, cfg, matmul)
     matmul["numpy_float32_gflops"] = peak_matmul_gflops(
-        numpy_matmul(size), size, repeats=cfg["mm_repeats"]
+        numpy_matmul(cfg["matmul_size"]), cfg["matmul_size"], repeats=cfg["mm_repeats"]
     )
     return {
         "framework": framework,
