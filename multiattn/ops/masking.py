@@ -215,7 +215,7 @@ def combine_keep(
 MASKED_SCORE = -3.4028234663852886e38
 
 
-def softmax_where(ops: Any, x: Any, keep: Any) -> Any:
+def softmax_where(ops: Any, x: Any, keep: Any, *, zero_empty_rows: bool = True) -> Any:
     """Softmax over the last axis restricted to ``keep`` (bool or None).
 
     Half precision is computed in float32 and cast back. Masked scores are replaced by
@@ -224,6 +224,11 @@ def softmax_where(ops: Any, x: Any, keep: Any) -> Any:
     replacements are selections: no NaN or Inf reaches the gradient, and masked scores
     get a zero gradient. A kept score of ``-inf`` gets weight 0 next to a finite kept
     score. Three passes over the scores (select, softmax, select) whatever the mask.
+
+    ``zero_empty_rows=False`` skips the second select: masked entries are still exactly
+    0 in every row that keeps something, but a row with nothing to keep comes out
+    uniform. For callers that zero what such rows produce themselves (the attention
+    output, see `multiattn.ops.attention`).
     """
     dtype = ops.dtype_name(x)
     if dtype in HALF_DTYPES:
@@ -232,7 +237,8 @@ def softmax_where(ops: Any, x: Any, keep: Any) -> Any:
         weights = ops.softmax(x, axis=-1)
     else:
         weights = ops.softmax(ops.where(keep, x, MASKED_SCORE), axis=-1)
-        weights = ops.where(keep, weights, 0.0)
+        if zero_empty_rows:
+            weights = ops.where(keep, weights, 0.0)
     if dtype in HALF_DTYPES:
         weights = ops.cast(weights, dtype)
     return weights
