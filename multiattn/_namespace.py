@@ -155,7 +155,7 @@ class KerasNamespace:
           ``(8, 512, 8, 64)`` float32 under ``jax.jit`` (2-core CPU);
         * TensorFlow: Keras' ``dot_product_attention`` there is an explicit path itself,
           which scales the whole score matrix and contracts in ``(B, T, H, D)`` layout;
-          the core's explicit path (head-major, queries scaled) was 7% to 12% faster
+          the core's explicit path (head-major, queries scaled) was 6% to 13% faster
           forward and forward+backward in multi-head self-attention under
           ``tf.function`` (batch 8, length 512, width 512, 8 heads, float32).
         """
