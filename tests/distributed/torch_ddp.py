@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import gc
 import json
 import socket
 import sys
@@ -71,6 +72,21 @@ def train(module, layer, batches):
     return [np.array(w, copy=True) for w in layer.get_weights()], first_grads
 
 
+def train_rank(rank: int, tmp: str) -> None:
+    """This rank's half of every batch through the DistributedDataParallel wrapper;
+    saves the weights and the first step's gradients. The wrapper (and its reducer)
+    lives only inside this function: see `rank_main`."""
+    initial = list(np.load(Path(tmp) / "initial.npz").values())
+    layer = make_layer(initial)
+    module = DistributedDataParallel(layer)
+    x, y, lens = data()
+    part = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+    batches = [(x[s, part], y[s, part], lens[s, part]) for s in range(STEPS)]
+    weights, grads = train(module, layer, batches)
+    np.savez(Path(tmp) / f"rank{rank}.npz", *weights)
+    np.savez(Path(tmp) / f"grads{rank}.npz", *grads)
+
+
 def rank_main(rank: int, port: int, tmp: str) -> None:
     # A rank that hangs (a collective the other rank never joins) prints where it is
     # and exits instead of blocking the test run.
@@ -84,15 +100,13 @@ def rank_main(rank: int, port: int, tmp: str) -> None:
         timeout=datetime.timedelta(seconds=120),
     )
     try:
-        initial = list(np.load(Path(tmp) / "initial.npz").values())
-        layer = make_layer(initial)
-        module = DistributedDataParallel(layer)
-        x, y, lens = data()
-        part = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
-        batches = [(x[s, part], y[s, part], lens[s, part]) for s in range(STEPS)]
-        weights, grads = train(module, layer, batches)
-        np.savez(Path(tmp) / f"rank{rank}.npz", *weights)
-        np.savez(Path(tmp) / f"grads{rank}.npz", *grads)
+        train_rank(rank, tmp)
+        # Every DDP object is freed here, while the process group is still registered.
+        # Freed after destroy_process_group(), the reducer would drop the group's last
+        # reference while holding the GIL, and the gloo group's destructor joins worker
+        # threads that may need the GIL to free a finished allreduce: a deadlock
+        # (torch 2.13; seen as a rank hanging after its last step).
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
