@@ -29,6 +29,7 @@ loaded and paddle is not.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -422,6 +423,10 @@ class PaddleNamespace:
         """Exponential; integers and bool give float32, floats keep their dtype."""
         return self._unary_float(x, paddle.exp, "exp")
 
+    def log(self, x: Any) -> paddle.Tensor:
+        """Natural logarithm; integers and bool give float32, floats keep their dtype."""
+        return self._unary_float(x, paddle.log, "log")
+
     def square(self, x: Any) -> paddle.Tensor:
         """``x * x`` in the dtype of ``x`` (bool gives int32, as in Keras)."""
         x = self._t(x)
@@ -465,6 +470,11 @@ class PaddleNamespace:
         """``x1 != x2`` elementwise (bool), after promoting both to a common dtype."""
         return self._compare(paddle.not_equal, x1, x2)
 
+    def zeros_like(self, x: Any, dtype: Any = None) -> paddle.Tensor:
+        """Zeros of the shape of ``x``, in ``dtype`` (default: the dtype of ``x``)."""
+        x = self._t(x)
+        return paddle.zeros(x.shape, dtype=self.dtype_name(x) if dtype is None else dtype)
+
     def stop_gradient(self, variable: Any) -> paddle.Tensor:
         """``variable`` with no gradient flowing back through it (same values)."""
         return self._t(variable).detach()
@@ -479,6 +489,18 @@ class PaddleNamespace:
         for i in range(int(lower), int(upper)):
             val = body_fun(i, val)
         return val
+
+    def custom_gradient(
+        self,
+        forward: Callable[..., tuple[Any, tuple]],
+        backward: Callable[[tuple, Any], tuple],
+        inputs: tuple,
+    ) -> Any:
+        """``forward(*inputs)[0]`` differentiated with ``backward`` (a Paddle
+        ``PyLayer``), as `multiattn._namespace.KerasNamespace.custom_gradient`:
+        ``forward`` returns ``(output, saved)``, ``backward(saved, d_output)`` one
+        gradient per input; tensors the two close over get no gradient."""
+        return _custom_gradient_layer().apply(forward, backward, *inputs)
 
     # --- reductions ----------------------------------------------------------------------
 
@@ -619,6 +641,25 @@ class PaddleNamespace:
             "PaddleNamespace.dropout: `seed` must be None, an int or a "
             f"keras.random.SeedGenerator; received {seed!r}."
         )
+
+
+@functools.cache
+def _custom_gradient_layer() -> Any:
+    """The ``PyLayer`` behind `PaddleNamespace.custom_gradient`."""
+
+    class CustomGradient(paddle.autograd.PyLayer):
+        @staticmethod
+        def forward(ctx, forward, backward, *inputs):
+            out, saved = forward(*inputs)
+            ctx.backward_fn = backward
+            ctx.save_for_backward(*saved)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            return tuple(ctx.backward_fn(tuple(ctx.saved_tensor()), grad))
+
+    return CustomGradient
 
 
 def _parse_einsum(subscripts: str, ndims: Sequence[int]) -> tuple[list[list], list]:

@@ -14,6 +14,7 @@ find a tensor's framework).
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Callable
@@ -120,6 +121,52 @@ class KerasNamespace:
             and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
             and x.numel() > 0
         )
+
+    def custom_gradient(
+        self,
+        forward: Callable[..., tuple[Any, tuple]],
+        backward: Callable[[tuple, Any], tuple],
+        inputs: tuple,
+    ) -> Any:
+        """``forward(*inputs)[0]``, differentiated with ``backward`` instead of through
+        the operations of ``forward``.
+
+        ``forward(*inputs)`` returns ``(output, saved)``, ``saved`` a tuple of tensors
+        (or None) for the backward pass; ``backward(saved, d_output)`` returns one
+        gradient per input. ``forward`` runs once; nothing it computes is kept for
+        differentiation except ``saved``. Tensors ``forward`` and ``backward`` close over
+        get no gradient. Backends: ``jax.custom_vjp``, a ``torch.autograd.Function``,
+        ``tf.custom_gradient``; on numpy (no gradients) ``forward`` alone.
+        """
+        backend = self._keras.backend.backend()
+        if backend == "jax":
+            import jax
+
+            @jax.custom_vjp
+            def call(*args):
+                return forward(*args)[0]
+
+            def call_fwd(*args):
+                return forward(*args)
+
+            def call_bwd(saved, grad):
+                return tuple(backward(saved, grad))
+
+            call.defvjp(call_fwd, call_bwd)
+            return call(*inputs)
+        if backend == "torch":
+            return _torch_custom_gradient().apply(forward, backward, *inputs)
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            @tf.custom_gradient
+            def call(*args):
+                out, saved = forward(*args)
+                return out, lambda grad: list(backward(saved, grad))
+
+            # Variables are read here, so that the function sees tensors only.
+            return call(*(tf.convert_to_tensor(t) for t in inputs))
+        return forward(*inputs)[0]
 
     def fused_attention(self, query, key, value, mask, scale, is_causal=False):
         """The backend's fused attention on ``(batch, seq, heads, dim)`` arrays
@@ -232,3 +279,24 @@ def get_ops(*tensors: Any) -> Any:
         if reg.module in sys.modules and any(t is not None and reg.is_tensor(t) for t in tensors):
             return _instance(reg.module, reg.factory)
     return _instance("keras", KerasNamespace)
+
+
+@functools.cache
+def _torch_custom_gradient() -> Any:
+    """The ``torch.autograd.Function`` behind `KerasNamespace.custom_gradient` on torch
+    (built on first use: this module imports no framework)."""
+    import torch
+
+    class CustomGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, forward, backward, *inputs):
+            out, saved = forward(*inputs)
+            ctx.backward_fn = backward
+            ctx.save_for_backward(*saved)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            return (None, None, *ctx.backward_fn(ctx.saved_tensors, grad))
+
+    return CustomGradient

@@ -41,7 +41,7 @@ from .._checks import (
     to_tensor,
 )
 from .._namespace import get_ops
-from . import blockwise
+from . import blockwise, blockwise_grad
 from .masking import combine_keep, softmax_where
 
 __all__ = ["attend", "repeat_kv_heads", "scaled_dot_product_attention", "score_attention"]
@@ -137,7 +137,7 @@ def attend(
         )
     weights = None
     if blocks is not None:
-        out = blockwise.blockwise_attention(
+        out = blockwise_grad.attention(
             ops,
             query,
             key,

@@ -38,6 +38,7 @@ __all__ = [
     "check_block_size",
     "choose_blocks",
     "lens_rank4",
+    "looped_keep",
     "plan_blocks",
     "split_masks",
 ]
@@ -156,6 +157,31 @@ def block_keep(
     out = parts[0]
     for part in parts[1:]:
         out = ops.logical_and(out, part)
+    return out
+
+
+def looped_keep(ops: Any, keep: Any, lens: Any, start: Any, size: int, axis: int) -> Any:
+    """The mask of a block inside a loop, whose start along ``axis`` (2: query rows, 3:
+    key columns) is ``start`` (possibly traced) and whose extent there is ``size``.
+
+    ``keep`` (rank 4) and ``lens`` (`lens_rank4`) are already restricted to the block
+    along the other axis; ``lens`` is only taken with ``axis=3`` (the lengths count
+    keys). No causal mask: loops visit only blocks that need none. Returns bool or None.
+    """
+    out = None
+    if keep is not None:
+        out = keep
+        if shape_of(keep)[axis] != 1:
+            dims = _dims(ops, keep)
+            starts = [0, 0, 0, 0]
+            starts[axis], dims[axis] = start, size
+            out = ops.slice(keep, tuple(starts), tuple(dims))
+    if lens is not None:
+        if axis != 3:
+            raise ValueError("looped_keep: lengths need the key axis (axis=3)")
+        cols = ops.arange(size, dtype="int32") + ops.cast(start, "int32")
+        part = ops.less(cols, lens)
+        out = part if out is None else ops.logical_and(out, part)
     return out
 
 
@@ -318,6 +344,7 @@ def blockwise_attention(
     causal: bool = False,
     scale: float,
     blocks: tuple[int, int],
+    return_lse: bool = False,
 ) -> Any:
     """Attention on ``(batch, seq, heads, dim)`` arrays, ``blocks = (bq, bk)`` at a time.
 
@@ -336,15 +363,21 @@ def blockwise_attention(
             future are skipped.
         scale: multiplier of the dot products.
 
+        return_lse: also return, per query row, the log of the softmax denominator
+            (``log sum_j exp(scale * q_i . k_j)`` over the kept keys; +inf for a row with
+            nothing to attend), ``(B, H, Tq, 1)``: what `multiattn.ops.blockwise_grad`
+            recomputes the weights from.
+
     Returns:
-        ``(B, Tq, H, Dv)``; rows with nothing to attend are zero.
+        ``(B, Tq, H, Dv)``; rows with nothing to attend are zero. With ``return_lse``,
+        ``(output, lse)``.
     """
     tq, tk = shape_of(query)[1], shape_of(key)[1]
     bq, bk = min(blocks[0], tq), min(blocks[1], tk)
     offset = tk - tq  # query i sees key j iff j <= i + offset (causal)
     lens = lens_rank4(ops, valid_lens)
     kdims, vdims = _dims(ops, key), _dims(ops, value)
-    outs = []
+    outs, lses = [], []
     for r0 in range(0, tq, bq):
         r1 = min(r0 + bq, tq)
         q_blk = query[:, r0:r1] * scale
@@ -364,16 +397,7 @@ def blockwise_attention(
             c0 = j * bk
             k_blk = ops.slice(key, (0, c0, 0, 0), (kdims[0], bk, kdims[2], kdims[3]))
             v_blk = ops.slice(value, (0, c0, 0, 0), (vdims[0], bk, vdims[2], vdims[3]))
-            blk_keep = None
-            if keep_rows is not None:
-                blk_keep = keep_rows
-                if shape_of(keep_rows)[3] != 1:
-                    kd = _dims(ops, keep_rows)
-                    blk_keep = ops.slice(keep_rows, (0, 0, 0, c0), (*kd[:3], bk))
-            if lens_rows is not None:
-                cols = ops.arange(bk, dtype="int32") + ops.cast(c0, "int32")
-                lens_keep = ops.less(cols, lens_rows)
-                blk_keep = lens_keep if blk_keep is None else ops.logical_and(blk_keep, lens_keep)
+            blk_keep = looped_keep(ops, keep_rows, lens_rows, c0, bk, axis=3)
             scores = ops.einsum("bqhd,bkhd->bhqk", q_blk, k_blk)
             return _step(ops, state, scores, blk_keep, v_blk)
 
@@ -392,6 +416,15 @@ def blockwise_attention(
             state, first = step(None, 0, bk), 1
         if looped > first:
             state = ops.fori_loop(first, looped, body, state)
-        out = state.acc / ops.where(state.total > 0, state.total, 1.0)
+        kept = state.total > 0
+        out = state.acc / ops.where(kept, state.total, 1.0)
         outs.append(ops.transpose(out, (0, 2, 1, 3)))
-    return outs[0] if len(outs) == 1 else ops.concatenate(outs, axis=1)
+        if return_lse:
+            # log of the softmax denominator: shift + log(sum of exp(score - shift));
+            # +inf for rows with nothing to attend (their weights are all 0).
+            lse = _shift(ops, state.peak) + ops.log(ops.where(kept, state.total, 1.0))
+            lses.append(ops.where(kept, lse, float("inf")))
+    out = outs[0] if len(outs) == 1 else ops.concatenate(outs, axis=1)
+    if not return_lse:
+        return out
+    return out, lses[0] if len(lses) == 1 else ops.concatenate(lses, axis=2)

@@ -12,6 +12,7 @@ from _support import (
     cast,
     gradients,
     numeric_grad,
+    requires_grad,
     rounded,
     to_np,
 )
@@ -229,6 +230,95 @@ def test_gradients_match_oracle_and_direct_path(dtype, seed=GRAD_SEED):
     assert np.all(grads[0][0, 0] == 0.0) and np.all(grads[0][1, 1] == 0.0)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradients_of_every_case_match_the_oracle(case):
+    """The blockwise path's own backward pass (`multiattn.ops.blockwise_grad`) against
+    central differences of the float64 oracle, for every mask kind; blocks of 2 queries
+    and 3 keys (so causal blocks are skipped, masked and looped) on even cases, 3 and 2
+    on odd ones."""
+    requires_grad()
+    (q, k, v), kwargs, _ = _inputs(case, "float64")
+    q = q * 3.0  # a wider range of scores: the running maximum moves between blocks
+    g = RNG.standard_normal((*q.shape[:-1], v.shape[-1]))
+    blocks = (2, 3) if list(CASES).index(case) % 2 == 0 else (3, 2)
+
+    def fn(qt, kt, vt):
+        out = ops.scaled_dot_product_attention(qt, kt, vt, block_size=blocks, **kwargs)
+        return keras.ops.sum(out * cast(g, "float64"))
+
+    got = _grads(fn, *(cast(a, "float64") for a in (q, k, v)))
+
+    def oracle(qa, ka, va):
+        return float((ref.scaled_dot_product_attention(qa, ka, va, **kwargs)[0] * g).sum())
+
+    for name, grad, want in zip("qkv", got, numeric_grad(oracle, q, k, v)):
+        err = np.abs(grad - want).max() / np.abs(want).max()
+        assert err <= 1e-7, f"d{name}: relative error {err:.2e} > 1e-7"
+
+
+def test_gradients_compile_under_the_backend_jit():
+    """The backward pass under ``tf.function`` (TensorFlow) and ``jax.jit`` (JAX), with
+    the query blocks looped over key blocks and key blocks over query blocks."""
+    requires_grad()
+    q, k, v, g = data((2, 12, 4), (2, 10, 4), (2, 10, 3), (2, 12, 3))
+    lens = np.array([[10, 0, 3, 10, 5, 10, 10, 2, 7, 1, 10, 4], [4] * 12])
+    kwargs = {"valid_lens": lens, "causal": True}
+
+    def fn(qt, kt, vt):
+        out = ops.scaled_dot_product_attention(qt, kt, vt, block_size=(2, 2), **kwargs)
+        return keras.ops.sum(out * cast(g, "float32"))
+
+    args = [cast(a, "float32") for a in (q, k, v)]
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function
+        def compiled(*a):
+            with tf.GradientTape() as tape:
+                tape.watch(a)
+                value = fn(*a)
+            return tape.gradient(value, a)
+
+        got = [to_np(t) for t in compiled(*args)]
+    else:
+        got = _grads(fn, *args)
+
+    def oracle(qa, ka, va):
+        return float((ref.scaled_dot_product_attention(qa, ka, va, **kwargs)[0] * g).sum())
+
+    for grad, want in zip(got, numeric_grad(oracle, *(rounded(a, "float32") for a in (q, k, v)))):
+        assert np.abs(grad - want).max() / np.abs(want).max() <= 1e-5
+
+
+def test_custom_gradient_replaces_the_backward_pass():
+    """The namespace's ``custom_gradient``: the gradient is what ``backward`` says (not
+    the derivative of ``forward``), a closed-over tensor gets none, ``forward`` runs
+    once per call (eagerly); on numpy (no gradients) ``forward`` alone."""
+    ns = get_ops(cast(np.ones(1), "float32"))
+    closed = cast(np.array([2.0, 2.0, 2.0]), "float32")
+    runs = []
+
+    def forward(a):
+        runs.append(1)
+        return a * a * closed, (a,)
+
+    def backward(saved, grad):
+        (a,) = saved
+        return (grad * 10.0 * a,)
+
+    def fn(x):
+        return keras.ops.sum(
+            ns.custom_gradient(forward, backward, (x,)) * cast([1, 2, 3.0], "float32")
+        )
+
+    x = np.array([1.0, -2.0, 3.0])
+    assert float(to_np(fn(cast(x, "float32")))) == 2.0 + 16.0 + 54.0
+    requires_grad()
+    (got,) = gradients(fn, cast(x, "float32"))
+    np.testing.assert_array_equal(got, [10.0, -40.0, 90.0])
+    assert len(runs) == 2
+
+
 def test_gradients_finite_when_everything_is_masked():
     q, k, v = data((1, 4, 4), (1, 5, 4), (1, 5, 4))
 
@@ -417,6 +507,73 @@ def test_no_tensor_of_the_full_score_size_is_formed(masks):
     )
     assert tuple(out.shape) == (b, tq, h, d)
     assert rec.largest <= max(b * h * 16 * 16, b * tq * h * d) < b * h * tq * tk // 4
+
+
+@pytest.mark.parametrize("masks", ["none", "lens_2d_causal", "mask_lens_1d"])
+def test_the_backward_pass_forms_no_tensor_of_the_full_score_size(masks):
+    """Gradients through the blockwise path recompute each block's weights: no tensor
+    the size of the score matrix is formed in the backward pass either."""
+    requires_grad()
+    b, h, tq, tk, d = 1, 2, 64, 48, 4
+    g = cast(RNG.standard_normal((b, tq, h, d)), "float32")
+    lens, keep, causal = None, None, False
+    if masks == "lens_2d_causal":
+        lens, causal = cast(RNG.integers(0, tk + 1, (b, tq)), "int32"), True
+    if masks == "mask_lens_1d":
+        lens = cast(np.array([30]), "int32")
+        keep = keras.ops.convert_to_tensor(RNG.random((b, 1, 1, tk)) > 0.3)
+    rec = _Recorder(get_ops(g))
+
+    def fn(q, k, v):
+        out = attention.attend(
+            rec,
+            q,
+            k,
+            v,
+            keep=keep,
+            valid_lens=lens,
+            causal=causal,
+            scale=0.5,
+            block_size=(16, 16),
+        )
+        return keras.ops.sum(out * g)
+
+    grads = gradients(
+        fn, *(cast(a, "float32") for a in data((b, tq, h, d), (b, tk, h, d), (b, tk, h, d)))
+    )
+    assert [g.shape for g in grads] == [(b, tq, h, d), (b, tk, h, d), (b, tk, h, d)]
+    assert rec.largest <= max(b * h * 16 * 16, b * tq * h * d) < b * h * tq * tk // 4
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["lens", "lens_causal"])
+def test_what_torch_keeps_for_the_backward_pass_is_linear_in_the_lengths(causal):
+    """Every tensor autograd saves for the backward pass, counted through torch's
+    saved-tensor hooks: the inputs, the output and one number per query row, never the
+    blocks' scores (together the size of the score matrix, 16 times the inputs here)."""
+    if BACKEND != "torch":
+        pytest.skip("saved-tensor hooks are PyTorch's")
+    import torch
+
+    b, h, tq, tk, d = 1, 2, 256, 256, 8
+    q, k, v = (
+        cast(a, "float32").requires_grad_(True)
+        for a in data((b, tq, h, d), (b, tk, h, d), (b, tk, h, d))
+    )
+    lens = cast(np.array([200]), "int32")
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = attention.attend(
+            get_ops(q), q, k, v, valid_lens=lens, causal=causal, scale=0.3, block_size=(32, 32)
+        )
+    out.sum().backward()
+    inputs = 4 * b * tq * h * d  # q, k, v and the output
+    assert sum(saved) <= inputs + b * h * tq + b  # + lse and the lengths
+    assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
 
 
 def test_compiles_under_the_backend_jit():

@@ -315,6 +315,17 @@ def test_unary_float_ops(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_log(dtype):
+    compare("log", sample((3, 4), dtype, 1, 5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zeros_like(dtype):
+    compare("zeros_like", sample((3, 4), dtype, -3, 4))
+    compare("zeros_like", sample((2, 3), dtype, -3, 4), dtype="float64")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_square(dtype):
     compare("square", sample((3, 4), dtype, -3, 4))
 
@@ -534,6 +545,28 @@ def test_stop_gradient_cuts_the_gradient():
     np.testing.assert_array_equal(to_np(frozen), [2.0, 4.0, 6.0])
     (grad,) = paddle_grads(PNS.sum(frozen * x), [x])
     np.testing.assert_array_equal(grad, [2.0, 4.0, 6.0])  # d/dx (c * x) with c held constant
+
+
+def test_custom_gradient_replaces_the_backward_pass():
+    """The gradient is what ``backward`` says (not the derivative of ``forward``); a
+    tensor ``forward`` closes over gets none; ``forward`` runs once."""
+    x = tensor(np.array([1.0, -2.0, 3.0]), "float64", grad=True)
+    closed = tensor(np.array([2.0, 2.0, 2.0]), "float64", grad=True)
+    runs = []
+
+    def forward(a):
+        runs.append(1)
+        return a * a * closed, (a,)
+
+    def backward(saved, grad):
+        (a,) = saved
+        return (grad * 10.0 * a,)
+
+    out = PNS.custom_gradient(forward, backward, (x,))
+    np.testing.assert_array_equal(to_np(out), [2.0, 8.0, 18.0])
+    (got,) = paddle_grads(PNS.sum(out * tensor(np.array([1.0, 2.0, 3.0]), "float64")), [x])
+    np.testing.assert_array_equal(got, [10.0, -40.0, 90.0])
+    assert closed.grad is None and len(runs) == 1
 
 
 # --- dropout and symbolic values --------------------------------------------------------------
@@ -806,6 +839,33 @@ def test_attention_gradients_match_finite_differences_of_the_oracle(dtype):
         assert np.all(np.isfinite(g))
         assert rel_err(g, w) <= bound
     assert np.all(got[0][0, 1] == 0)  # the fully masked query gets no gradient
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["lens", "lens_causal"])
+def test_blockwise_gradients_match_finite_differences_of_the_oracle(dtype, causal):
+    """The blockwise path's own backward pass (`multiattn.ops.blockwise_grad`) on Paddle
+    tensors."""
+    q, k, v = (RNG.standard_normal(s) for s in ((2, 7, 4), (2, 5, 4), (2, 5, 3)))
+    q = q * 3.0
+    lens = np.array([[2, 0, 5, 5, 1, 3, 5], [1, 4, 3, 0, 5, 5, 2]])
+    weights = RNG.standard_normal((2, 7, 3))
+    leaves = [tensor(a, dtype, grad=True) for a in (q, k, v)]
+    out = ops.scaled_dot_product_attention(
+        *leaves, valid_lens=paddle.to_tensor(lens), causal=causal, block_size=(2, 2)
+    )
+    got = paddle_grads(PNS.sum(out * tensor(weights, dtype)), leaves)
+
+    def oracle(qa, ka, va):
+        out = ref.scaled_dot_product_attention(qa, ka, va, valid_lens=lens, causal=causal)[0]
+        return float(np.sum(out * weights))
+
+    want = numeric_grad(oracle, *(rounded(a, dtype) for a in (q, k, v)))
+    bound = {"float64": 1e-9, "float32": 2e-6}[dtype]
+    for g, w in zip(got, want):
+        assert np.all(np.isfinite(g))
+        assert rel_err(g, w) <= bound
+    assert np.all(got[0][0, 1] == 0) and np.all(got[0][1, 3] == 0)  # rows with no key
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
