@@ -2,10 +2,11 @@
 
 Each length runs in a fresh process (so the RSS high-water mark is that length's own):
 
-    python -m multiattn.bench.long --backend torch --length 4096 --out F [--causal]
+    python -m multiattn.bench.long --backend torch --length 4096 --out F [--causal] [--backward]
 
 on ``(batch, heads, length, head_dim) = (1, 8, L, 64)`` float32 query, key and value,
-forward only, along three paths (``--path``):
+forward (or, with ``--backward``, forward and the gradients of the output's sum with
+respect to query, key and value), along three paths (``--path``):
 
 * ``auto``: the default dispatch (blockwise once the score matrix exceeds the attention
   memory budget, unless the backend's fused kernel streams, as torch's does);
@@ -49,10 +50,12 @@ def score_matrix_bytes(length: int) -> int:
     return BATCH * HEADS * length * length * 4
 
 
-def long_flops(length: int) -> int:
+def long_flops(length: int, backward: bool = False) -> int:
     """FLOPs of the scores and the weighted sum (``2 * 2*B*H*L*L*D``), counted in full
-    also when causal (the work a kernel that skips masked blocks avoids is not subtracted)."""
-    return 2 * 2 * BATCH * HEADS * length * length * HEAD_DIM
+    also when causal (the work a kernel that skips masked blocks avoids is not subtracted);
+    with ``backward`` three times that (the convention of the main benchmark: the
+    backward pass as two forward passes, recomputation not counted)."""
+    return (3 if backward else 1) * 2 * 2 * BATCH * HEADS * length * length * HEAD_DIM
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -62,10 +65,14 @@ def is_out_of_memory(err: BaseException) -> bool:
     return any(word in text for word in _OOM_WORDS)
 
 
-def _attention_call(backend: str, length: int, causal: bool, path: str) -> Callable[[], Any]:
+def _attention_call(
+    backend: str, length: int, causal: bool, path: str, backward: bool = False
+) -> Callable[[], Any]:
     """The public op on the backend's arrays, compiled the way the backend is used.
 
-    ``path``: "auto", "blockwise" or "direct" (see the module's docstring).
+    ``path``: "auto", "blockwise" or "direct" (see the module's docstring); ``backward``:
+    the call also computes the gradients of the output's sum with respect to query, key
+    and value.
     """
     import keras
 
@@ -90,18 +97,33 @@ def _attention_call(backend: str, length: int, causal: bool, path: str) -> Calla
     def sdpa(q, k, v):
         return ops.scaled_dot_product_attention(q, k, v, causal=causal, block_size=blocks)
 
+    if backward and backend == "numpy":
+        raise ValueError("--backward: the numpy backend computes no gradients")
     if backend == "jax":
         import jax
 
-        fn = jax.jit(sdpa)
+        if backward:
+            fn = jax.jit(jax.grad(lambda *a: keras.ops.sum(sdpa(*a)), argnums=(0, 1, 2)))
+        else:
+            fn = jax.jit(sdpa)
         return lambda: jax.block_until_ready(fn(q, k, v))
     if backend == "tensorflow":
         import tensorflow as tf
 
-        fn = tf.function(sdpa)
+        def grads(*a):
+            with tf.GradientTape() as tape:
+                tape.watch(a)
+                total = tf.reduce_sum(sdpa(*a))
+            return tape.gradient(total, a)
+
+        fn = tf.function(grads if backward else sdpa)
         return lambda: fn(q, k, v)
     if backend == "torch":
         import torch
+
+        if backward:
+            leaves = [t.requires_grad_(True) for t in (q, k, v)]
+            return lambda: torch.autograd.grad(sdpa(*leaves).sum(), leaves)
 
         def call() -> Any:
             with torch.no_grad():
@@ -112,11 +134,17 @@ def _attention_call(backend: str, length: int, causal: bool, path: str) -> Calla
 
 
 def worker(
-    backend: str, length: int, causal: bool, warmup: int, repeats: int, path: str = "auto"
+    backend: str,
+    length: int,
+    causal: bool,
+    warmup: int,
+    repeats: int,
+    path: str = "auto",
+    backward: bool = False,
 ) -> dict:
     result: dict[str, Any] = {"length": length, "path": path}
     try:
-        call = _attention_call(backend, length, causal, path)
+        call = _attention_call(backend, length, causal, path, backward)
     except Exception as err:
         return {**result, "status": "failed", "reason": "failed: " + describe_error(err)}
     trim_heap()
@@ -168,6 +196,7 @@ def _run_one(
         cmd += ["--length", str(length), "--out", out]
         cmd += ["--warmup", str(cfg["warmup"]), "--repeats", str(cfg["repeats"])]
         cmd += ["--path", path] + (["--causal"] if cfg["causal"] else [])
+        cmd += ["--backward"] if cfg.get("backward") else []
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -264,7 +293,7 @@ def run_long(cfg: dict, on_line: Callable[[str], None] = lambda s: None) -> dict
         entry["score_matrix_gib"] = scores / GIB
         entry["over_budget"] = scores > max_bytes
         if entry.get("status") == "ok":
-            flops = long_flops(length)
+            flops = long_flops(length, cfg.get("backward", False))
             entry["gflops"] = flops / (entry["median_ms"] / 1e3) / 1e9
         results.append(entry)
     extra: dict[str, list] = {}
@@ -280,11 +309,13 @@ def run_long(cfg: dict, on_line: Callable[[str], None] = lambda s: None) -> dict
             on_line(f"L={length} {path}: starting")
             entry = _run_one(backend, length, cfg, safety, on_line, path=path)
             if entry.get("status") == "ok":
-                entry["gflops"] = long_flops(length) / (entry["median_ms"] / 1e3) / 1e9
+                flops = long_flops(length, cfg.get("backward", False))
+                entry["gflops"] = flops / (entry["median_ms"] / 1e3) / 1e9
             extra[path].append(entry)
     return {
         "backend": backend,
         "causal": cfg["causal"],
+        "backward": bool(cfg.get("backward", False)),
         "shape": {"batch": BATCH, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float32"},
         "max_gib": cfg["max_gib"],
         "warmup": cfg["warmup"],
@@ -304,13 +335,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", required=True)
     parser.add_argument("--length", type=int, required=True)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--backward", action="store_true")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--path", choices=("auto", "blockwise", "direct"), default="auto")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     os.environ.setdefault("KERAS_BACKEND", args.backend)
-    result = worker(args.backend, args.length, args.causal, args.warmup, args.repeats, args.path)
+    result = worker(
+        args.backend,
+        args.length,
+        args.causal,
+        args.warmup,
+        args.repeats,
+        args.path,
+        args.backward,
+    )
     with open(args.out, "w") as fh:
         json.dump(result, fh)
     return 0

@@ -115,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     long.add_argument("--long-causal", action="store_true", help="causal=True")
     long.add_argument(
+        "--long-backward",
+        action="store_true",
+        help="time forward and backward (gradients of query, key and value)",
+    )
+    long.add_argument(
         "--long-max-gib",
         type=float,
         default=6.0,
@@ -149,6 +154,8 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
         parser.error("--long-lengths needs positive integers")
     if args.long_max_gib <= 0:
         parser.error("--long-max-gib must be positive")
+    if args.long_backward and args.long_backend == "numpy":
+        parser.error("--long-backward: the numpy backend computes no gradients")
     cfg.update(
         head_dim=cfg["width"] // cfg["heads"],
         dtype=args.dtype,
@@ -158,6 +165,7 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
         long_lengths=sorted(set(lengths)),
         long_backend=args.long_backend,
         long_causal=args.long_causal,
+        long_backward=args.long_backward,
         long_max_gib=args.long_max_gib,
         device="cpu",
     )
@@ -291,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             "backend": cfg["long_backend"],
             "lengths": cfg["long_lengths"],
             "causal": cfg["long_causal"],
+            "backward": cfg["long_backward"],
             "max_gib": cfg["long_max_gib"],
             "warmup": args.warmup if args.warmup is not None else 0,
             "repeats": cfg["repeats"] if args.repeats else 3,

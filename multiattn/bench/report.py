@@ -104,7 +104,7 @@ def print_report(report: dict, console: Any) -> None:
         table = Table(
             title=(
                 f"multiattn.ops.scaled_dot_product_attention on Keras {long['backend']}, "
-                f"(1, 8, L, 64) float32{causal}, forward, median of {long['repeats']}"
+                f"(1, 8, L, 64) float32{causal}, {_long_pass(long)}, median of {long['repeats']}"
             ),
             title_justify="left",
         )
@@ -246,10 +246,17 @@ def write_plot(report: dict, path: Path) -> None:
             for e in failed:
                 ax.axvline(e["length"], color="orange", lw=0.8, ls="--")
         causal = ", causal" if long["causal"] else ""
-        ax_t.set_title(f"scaled_dot_product_attention (1, 8, L, 64){causal}, {long['backend']}")
+        ax_t.set_title(
+            f"scaled_dot_product_attention (1, 8, L, 64){causal}, {_long_pass(long)}, "
+            f"{long['backend']}"
+        )
         ax_m.set_title("peak memory (failed lengths: orange lines)")
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.05 / rows) if impls else None)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _long_pass(long: dict) -> str:
+    return "forward+backward" if long.get("backward") else "forward"
