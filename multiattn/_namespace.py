@@ -135,8 +135,10 @@ class KerasNamespace:
         (or None) for the backward pass; ``backward(saved, d_output)`` returns one
         gradient per input. ``forward`` runs once; nothing it computes is kept for
         differentiation except ``saved``. Tensors ``forward`` and ``backward`` close over
-        get no gradient. Backends: ``jax.custom_vjp``, a ``torch.autograd.Function``,
-        ``tf.custom_gradient``; on numpy (no gradients) ``forward`` alone.
+        get no gradient. Differentiable once: ``backward`` treats ``saved`` as constants
+        (PyTorch raises on a second differentiation). Backends: ``jax.custom_vjp``, a
+        ``torch.autograd.Function``, ``tf.custom_gradient``; on numpy (no gradients)
+        ``forward`` alone.
         """
         backend = self._keras.backend.backend()
         if backend == "jax":
@@ -296,6 +298,7 @@ def _torch_custom_gradient() -> Any:
             return out
 
         @staticmethod
+        @torch.autograd.function.once_differentiable
         def backward(ctx, grad):
             return (None, None, *ctx.backward_fn(ctx.saved_tensors, grad))
 

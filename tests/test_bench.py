@@ -1,7 +1,8 @@
 """``multiattn bench``: every implementation runs and is reported; long-sequence mode.
 
-Both runs are real subprocesses of the installed command (``--quick``: tiny shapes), started
-together so the test takes about as long as the longer of the two.
+The runs (the main benchmark, and long sequences forward and with the backward pass) are
+real subprocesses of the installed command (``--quick``: tiny shapes), started together
+so the test takes about as long as the longest of them.
 """
 
 from __future__ import annotations
@@ -43,22 +44,15 @@ def _bench(*args: str) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("bench")
-    paths = {
-        "main": (tmp / "quick.json", tmp / "quick.png"),
-        "long": (tmp / "long.json", tmp / "long.png"),
+    args = {
+        "main": ["--quick"],
+        "long": ["--long", "--quick", "--long-lengths", "256,512"],
+        "long_backward": ["--long", "--long-backward", "--quick", "--long-lengths", "256"],
     }
+    paths = {name: (tmp / f"{name}.json", tmp / f"{name}.png") for name in args}
     procs = {
-        "main": _bench("--quick", "--json", str(paths["main"][0]), "--plot", str(paths["main"][1])),
-        "long": _bench(
-            "--long",
-            "--quick",
-            "--long-lengths",
-            "256,512",
-            "--json",
-            str(paths["long"][0]),
-            "--plot",
-            str(paths["long"][1]),
-        ),
+        name: _bench(*extra, "--json", str(paths[name][0]), "--plot", str(paths[name][1]))
+        for name, extra in args.items()
     }
     out = {}
     for name, proc in procs.items():
@@ -127,6 +121,19 @@ def test_long_quick_run(runs):
             assert entry["median_ms"] > 0 and entry["peak_mem_mib"] >= 0
 
 
+def test_long_quick_run_with_the_backward_pass(runs):
+    report, png, log = runs["long_backward"]
+    assert _png(png)
+    long = report["long"]
+    assert long["backward"] is True and "forward+backward" in log
+    for entry in (*long["results"], *long["blockwise_results"], *long["direct_results"]):
+        assert entry["status"] == "ok", entry
+        assert entry["length"] == 256 and entry["median_ms"] > 0
+        # forward and backward count three times the forward FLOPs
+        flops = 3 * 2 * 2 * 8 * 256 * 256 * 64
+        assert entry["gflops"] == pytest.approx(flops / (entry["median_ms"] / 1e3) / 1e9)
+
+
 def test_flop_count():
     f = attention_flops(8, 512, 512, 8)
     assert f["projections"] == 4 * 2 * 8 * 512 * 512 * 512
@@ -141,6 +148,7 @@ def test_flop_count():
         (["--width", "10", "--heads", "4"], "not divisible"),
         (["--frameworks", "mxnet"], "mxnet"),
         (["--long-lengths", "1k"], "--long-lengths"),
+        (["--long", "--long-backward", "--long-backend", "numpy"], "no gradients"),
     ],
 )
 def test_bad_options_are_usage_errors(args, message):

@@ -10,11 +10,14 @@ from the lengths and the block's offsets; a boolean mask given by the caller is 
 
 The shift by the running maximum is only a numerical device: the result does not depend
 on it, so it is held constant for differentiation (as in
-`multiattn.ops.masking.softmax_where`), and the gradients are those of the direct path. A
-row with nothing to attend gets a zero output and zero gradients, never NaN.
+`multiattn.ops.masking.softmax_where`). A row with nothing to attend gets a zero output
+and zero gradients, never NaN.
 
 `multiattn.ops.attention.attend` selects this path when the score matrix would exceed the
-memory budget of `multiattn.config`, or when a block size is forced.
+memory budget of `multiattn.config`, or when a block size is forced, and differentiates
+it with the backward pass of `multiattn.ops.blockwise_grad` (linear memory; automatic
+differentiation of these steps would keep every block's scores). Ring attention
+(`multiattn.distributed`) folds its blocks with `_step` and differentiates it directly.
 """
 
 from __future__ import annotations
