@@ -499,7 +499,9 @@ class PaddleNamespace:
         """``forward(*inputs)[0]`` differentiated with ``backward`` (a Paddle
         ``PyLayer``), as `multiattn._namespace.KerasNamespace.custom_gradient`:
         ``forward`` returns ``(output, saved)``, ``backward(saved, d_output)`` one
-        gradient per input; tensors the two close over get no gradient."""
+        gradient per input; tensors the two close over get no gradient. Differentiable
+        once: a gradient taken with ``create_graph=True`` raises ``RuntimeError``
+        (``backward`` treats ``saved`` as constants)."""
         return _custom_gradient_layer().apply(forward, backward, *inputs)
 
     # --- reductions ----------------------------------------------------------------------
@@ -652,12 +654,21 @@ def _custom_gradient_layer() -> Any:
         def forward(ctx, forward, backward, *inputs):
             out, saved = forward(*inputs)
             ctx.backward_fn = backward
+            # Paddle wants None, not a gradient, for an input that takes none.
+            ctx.takes_grad = [not t.stop_gradient for t in inputs]
             ctx.save_for_backward(*saved)
             return out
 
         @staticmethod
         def backward(ctx, grad):
-            return tuple(ctx.backward_fn(tuple(ctx.saved_tensor()), grad))
+            if paddle.is_grad_enabled():  # create_graph=True: a second differentiation
+                raise RuntimeError(
+                    "multiattn: this operation (the blockwise attention path) is "
+                    "differentiable once; its gradient cannot be differentiated again "
+                    "(create_graph=True) on Paddle."
+                )
+            grads = ctx.backward_fn(tuple(ctx.saved_tensor()), grad)
+            return tuple(g if want else None for g, want in zip(grads, ctx.takes_grad))
 
     return CustomGradient
 

@@ -319,6 +319,53 @@ def test_custom_gradient_replaces_the_backward_pass():
     assert len(runs) == 2
 
 
+def test_second_derivatives_match_the_direct_path_or_raise():
+    """The gradient of a gradient through the blockwise path: JAX (``custom_vjp``
+    differentiates the forward and backward rules) and TensorFlow (nested tapes) match
+    the direct path; PyTorch refuses (its backward takes the saved output as a
+    constant)."""
+    requires_grad()
+    q, k, v = data((1, 2, 5, 4), (1, 2, 6, 4), (1, 2, 6, 3))
+    kt, vt = cast(k, "float64"), cast(v, "float64")
+
+    def inner(block_size):
+        def fn(qt):
+            out = ops.scaled_dot_product_attention(qt, kt, vt, causal=True, block_size=block_size)
+            return keras.ops.sum(out * out)
+
+        return fn
+
+    if BACKEND == "torch":
+        import torch
+
+        leaf = cast(q, "float64").requires_grad_(True)
+        (grad,) = torch.autograd.grad(inner((2, 3))(leaf), leaf, create_graph=True)
+        with pytest.raises(RuntimeError):
+            torch.autograd.grad(keras.ops.sum(grad * grad), leaf)
+        return
+    if BACKEND == "jax":
+        import jax
+
+        def second(block_size):
+            first = jax.grad(inner(block_size))
+            return to_np(jax.grad(lambda a: keras.ops.sum(first(a) ** 2))(cast(q, "float64")))
+    else:
+        import tensorflow as tf
+
+        def second(block_size):
+            leaf = cast(q, "float64")
+            with tf.GradientTape() as outer:
+                outer.watch(leaf)
+                with tf.GradientTape() as tape:
+                    tape.watch(leaf)
+                    value = inner(block_size)(leaf)
+                total = tf.reduce_sum(tape.gradient(value, leaf) ** 2)
+            return to_np(outer.gradient(total, leaf))
+
+    got, want = second((2, 3)), second(None)
+    assert np.abs(got - want).max() <= 1e-10 * np.abs(want).max()
+
+
 def test_gradients_finite_when_everything_is_masked():
     q, k, v = data((1, 4, 4), (1, 5, 4), (1, 5, 4))
 

@@ -868,6 +868,26 @@ def test_blockwise_gradients_match_finite_differences_of_the_oracle(dtype, causa
     assert np.all(got[0][0, 1] == 0) and np.all(got[0][1, 3] == 0)  # rows with no key
 
 
+def test_blockwise_gradient_of_the_queries_alone_and_no_second_differentiation():
+    """Keys and values that take no gradient get none (Paddle wants None for them); a
+    gradient with ``create_graph=True`` raises instead of missing the terms of the saved
+    output."""
+    q, k, v = (RNG.standard_normal(s) for s in ((1, 5, 4), (1, 6, 4), (1, 6, 3)))
+    leaf = tensor(q, "float64", grad=True)
+    kt, vt = tensor(k, "float64"), tensor(v, "float64")
+    out = ops.scaled_dot_product_attention(leaf, kt, vt, causal=True, block_size=(2, 3))
+    (got,) = paddle_grads(PNS.sum(out), [leaf])
+    assert np.all(np.isfinite(got)) and kt.grad is None and vt.grad is None
+    leaf2 = tensor(q, "float64", grad=True)
+    (want,) = paddle_grads(
+        PNS.sum(ops.scaled_dot_product_attention(leaf2, kt, vt, causal=True)), [leaf2]
+    )
+    assert rel_err(got, want) <= 1e-12
+    again = ops.scaled_dot_product_attention(leaf, kt, vt, causal=True, block_size=(2, 3))
+    with pytest.raises(Exception, match="differentiable once"):
+        paddle.grad(PNS.sum(again), leaf, create_graph=True)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_masked_softmax_and_additive_gradients_match_finite_differences(dtype):
     x = RNG.standard_normal((2, 3, 4))
