@@ -148,13 +148,7 @@ class KerasNamespace:
             def call(*args):
                 return forward(*args)[0]
 
-            def call_fwd(*args):
-                return forward(*args)
-
-            def call_bwd(saved, grad):
-                return tuple(backward(saved, grad))
-
-            call.defvjp(call_fwd, call_bwd)
+            call.defvjp(forward, lambda saved, grad: tuple(backward(saved, grad)))
             return call(*inputs)
         if backend == "torch":
             return _torch_custom_gradient().apply(forward, backward, *inputs)

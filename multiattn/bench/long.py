@@ -248,6 +248,13 @@ def _run_one(
             return json.load(fh)
 
 
+def _add_gflops(entry: dict, backward: bool) -> None:
+    """``entry["gflops"]`` from its median time, for a length that ran."""
+    if entry.get("status") == "ok":
+        flops = long_flops(entry["length"], backward)
+        entry["gflops"] = flops / (entry["median_ms"] / 1e3) / 1e9
+
+
 def _available_bytes() -> int | None:
     try:
         with open("/proc/meminfo") as fh:
@@ -269,6 +276,7 @@ def run_long(cfg: dict, on_line: Callable[[str], None] = lambda s: None) -> dict
     machine never runs out. Once a length ran out of memory, longer ones are skipped.
     """
     backend, max_bytes = cfg["backend"], int(cfg["max_gib"] * GIB)
+    backward = bool(cfg.get("backward"))
     available = _available_bytes()
     safety = None if available is None else int(0.8 * available)
     results = []
@@ -292,9 +300,7 @@ def run_long(cfg: dict, on_line: Callable[[str], None] = lambda s: None) -> dict
                 out_of_memory = length
         entry["score_matrix_gib"] = scores / GIB
         entry["over_budget"] = scores > max_bytes
-        if entry.get("status") == "ok":
-            flops = long_flops(length, cfg.get("backward", False))
-            entry["gflops"] = flops / (entry["median_ms"] / 1e3) / 1e9
+        _add_gflops(entry, backward)
         results.append(entry)
     extra: dict[str, list] = {}
     for path in ("blockwise", "direct"):
@@ -308,14 +314,12 @@ def run_long(cfg: dict, on_line: Callable[[str], None] = lambda s: None) -> dict
                 continue
             on_line(f"L={length} {path}: starting")
             entry = _run_one(backend, length, cfg, safety, on_line, path=path)
-            if entry.get("status") == "ok":
-                flops = long_flops(length, cfg.get("backward", False))
-                entry["gflops"] = flops / (entry["median_ms"] / 1e3) / 1e9
+            _add_gflops(entry, backward)
             extra[path].append(entry)
     return {
         "backend": backend,
         "causal": cfg["causal"],
-        "backward": bool(cfg.get("backward", False)),
+        "backward": backward,
         "shape": {"batch": BATCH, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float32"},
         "max_gib": cfg["max_gib"],
         "warmup": cfg["warmup"],

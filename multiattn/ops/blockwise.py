@@ -44,6 +44,7 @@ __all__ = [
     "looped_keep",
     "plan_blocks",
     "split_masks",
+    "visible_keys",
 ]
 
 # One block's scores may take at most this share of the budget: a step holds the scores
@@ -163,27 +164,60 @@ def block_keep(
     return out
 
 
-def looped_keep(ops: Any, keep: Any, lens: Any, start: Any, size: int, axis: int) -> Any:
+def visible_keys(r0: int, r1: int, tk: int, offset: int, causal: bool) -> tuple[int, int]:
+    """``(stop, clear)`` for the query rows ``[r0, r1)``: under the causal mask (query
+    ``i`` sees key ``j`` iff ``j <= i + offset``) the rows together see keys
+    ``[0, stop)`` (``stop <= 0``: none), and every row sees keys ``[0, clear)``, which
+    need no causal mask. Without it both are ``tk``."""
+    if not causal:
+        return tk, tk
+    stop = min(tk, r1 + offset)
+    return stop, max(0, min(stop, r0 + offset + 1))
+
+
+def _dynamic_rows(ops: Any, x: Any, start: Any, size: int) -> Any:
+    """Rows ``[start, start + size)`` of axis 2 of the rank-4 ``x`` (``start`` may be
+    traced); ``x`` itself if that axis has size 1 (broadcast)."""
+    if shape_of(x)[2] == 1:
+        return x
+    dims = _dims(ops, x)
+    return ops.slice(x, (0, 0, start, 0), (dims[0], dims[1], size, dims[3]))
+
+
+def looped_keep(
+    ops: Any,
+    keep: Any,
+    lens: Any,
+    start: Any,
+    size: int,
+    axis: int,
+    cols: tuple[int, int] | None = None,
+) -> Any:
     """The mask of a block inside a loop, whose start along ``axis`` (2: query rows, 3:
     key columns) is ``start`` (possibly traced) and whose extent there is ``size``.
 
-    ``keep`` (rank 4) and ``lens`` (`lens_rank4`) are already restricted to the block
-    along the other axis; ``lens`` is only taken with ``axis=3`` (the lengths count
-    keys). No causal mask: loops visit only blocks that need none. Returns bool or None.
+    ``keep`` (rank 4) is already restricted to the block along the other axis, and so
+    are ``lens`` (`lens_rank4`) with ``axis=3``. With ``axis=2`` the lengths are taken
+    whole and ``cols``, the block's static key range ``(c0, c1)``, is required. No causal
+    mask: loops visit only blocks that need none. Returns bool or None.
     """
     out = None
     if keep is not None:
         out = keep
-        if shape_of(keep)[axis] != 1:
+        if axis == 2:
+            out = _dynamic_rows(ops, keep, start, size)
+        elif shape_of(keep)[3] != 1:
             dims = _dims(ops, keep)
-            starts = [0, 0, 0, 0]
-            starts[axis], dims[axis] = start, size
-            out = ops.slice(keep, tuple(starts), tuple(dims))
+            out = ops.slice(keep, (0, 0, 0, start), (*dims[:3], size))
     if lens is not None:
-        if axis != 3:
-            raise ValueError("looped_keep: lengths need the key axis (axis=3)")
-        cols = ops.arange(size, dtype="int32") + ops.cast(start, "int32")
-        part = ops.less(cols, lens)
+        if axis == 2:
+            if cols is None:
+                raise ValueError("looped_keep: lengths in a loop over rows need `cols`")
+            lens = _dynamic_rows(ops, lens, start, size)
+            positions = ops.arange(cols[0], cols[1], dtype="int32")
+        else:
+            positions = ops.arange(size, dtype="int32") + ops.cast(start, "int32")
+        part = ops.less(positions, lens)
         out = part if out is None else ops.logical_and(out, part)
     return out
 
@@ -404,12 +438,9 @@ def blockwise_attention(
             scores = ops.einsum("bqhd,bkhd->bhqk", q_blk, k_blk)
             return _step(ops, state, scores, blk_keep, v_blk)
 
-        # Keys [0, stop) are visited: under the causal mask the block's last query sees
-        # keys up to r1 - 1 + offset (a block that sees none takes one all-masked step,
-        # which gives zeros), and its first query, so the whole block, keys up to
-        # r0 + offset: whole blocks below that need no causal mask and loop.
-        stop = max(1, min(tk, r1 + offset)) if causal else tk
-        clear = max(0, min(stop, r0 + offset + 1)) if causal else tk
+        # A block that sees no key takes one all-masked step, which gives zeros.
+        stop, clear = visible_keys(r0, r1, tk, offset, causal)
+        stop = max(1, stop)
         looped = clear // bk
         state = None
         for c0 in range(looped * bk, stop, bk):

@@ -25,7 +25,7 @@ from typing import Any
 
 from .._checks import shape_of
 from . import blockwise
-from .blockwise import _dims, block_keep, lens_rank4, looped_keep
+from .blockwise import _dims, block_keep, lens_rank4, looped_keep, visible_keys
 
 __all__ = ["attention"]
 
@@ -138,10 +138,9 @@ class _Sweep:
                 _, d_scores = self._grads(rows[0], k_blk, v_blk, *rows[1:], blk_keep)
                 return acc + ops.einsum("bhqk,bkhd->bqhd", d_scores, k_blk)
 
-            # The keys the forward pass visited for this block: [0, stop), the whole
-            # blocks below `clear` without a causal mask.
-            stop = min(tk, r1 + self.offset) if self.causal else tk
-            clear = max(0, min(stop, r0 + self.offset + 1)) if self.causal else tk
+            # The keys this block sees, the whole blocks below `clear` without a causal
+            # mask (a block that sees none gets a zero gradient).
+            stop, clear = visible_keys(r0, r1, tk, self.offset, self.causal)
             looped = clear // bk
             acc = ops.zeros_like(rows[0])
             for c0 in range(looped * bk, max(stop, 0), bk):
@@ -190,13 +189,7 @@ class _Sweep:
                 d_out = ops.slice(self.d_out, (0, r0, 0, 0), (odims[0], bq, odims[2], odims[3]))
                 lse = ops.slice(self.lse, (0, 0, r0, 0), (ldims[0], ldims[1], bq, 1))
                 delta = ops.slice(self.delta, (0, 0, r0, 0), (ldims[0], ldims[1], bq, 1))
-                blk_keep = looped_keep(ops, keep_cols, None, r0, bq, axis=2)
-                if lens is not None:
-                    lens_rows = lens
-                    if shape_of(lens)[2] != 1:
-                        lens_rows = ops.slice(lens, (0, 0, r0, 0), (_dims(ops, lens)[0], 1, bq, 1))
-                    cols = ops.less(ops.arange(c0, c1, dtype="int32"), lens_rows)
-                    blk_keep = cols if blk_keep is None else ops.logical_and(blk_keep, cols)
+                blk_keep = looped_keep(ops, keep_cols, lens, r0, bq, axis=2, cols=(c0, c1))
                 return fold(acc, qs, d_out, lse, delta, blk_keep)
 
             # The query blocks that see a key of this block: from `first` on (causal);
