@@ -172,6 +172,11 @@ class PaddleNamespace:
 
     name = "paddle"
 
+    #: Paddle's softmax kernel floors the exponentials at ``exp(-64)``: a score far below
+    #: its row's maximum (a masked score) gets a weight of about ``1.6e-28 / sum`` instead
+    #: of 0. The core then zeroes masked weights by a select (`multiattn.ops.masking`).
+    softmax_exact_zeros = False
+
     # --- conversion and dtypes -----------------------------------------------------------
 
     def _weak_or_name(self, x: Any) -> Any:
@@ -475,11 +480,24 @@ class PaddleNamespace:
         x = self._t(x)
         return paddle.zeros(x.shape, dtype=self.dtype_name(x) if dtype is None else dtype)
 
+    def isfinite(self, x: Any) -> paddle.Tensor:
+        """Elementwise: neither NaN nor infinite (bool); integers and bool are always finite."""
+        x = self._t(x)
+        dtype = self.dtype_name(x)
+        if dtype not in _FLOATS:
+            return paddle.ones(x.shape, dtype="bool")
+        return paddle.isfinite(x.astype(_FLOAT_CARRIER.get(dtype, dtype)))
+
     def stop_gradient(self, variable: Any) -> paddle.Tensor:
         """``variable`` with no gradient flowing back through it (same values)."""
         return self._t(variable).detach()
 
     # --- control flow --------------------------------------------------------------------
+
+    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+        """``true_fn()`` if the scalar bool ``pred`` holds, else ``false_fn()`` (a Python
+        branch: Paddle runs eagerly)."""
+        return true_fn() if bool(self._bool(pred)) else false_fn()
 
     def fori_loop(self, lower: int, upper: int, body_fun: Callable, init_val: Any) -> Any:
         """``body_fun(i, val)`` for ``i`` in ``[lower, upper)``, threading ``val`` (any

@@ -29,6 +29,9 @@ Ops and what a target must return (see ``docs/conformance.md``):
 * ``decoder``, ``decoder_decode``: ``output`` of a Transformer decoder layer over
   ``context`` (with ``context_valid_lens``); ``decoder`` in one pass, ``decoder_decode``
   token by token through the cache with the cross-attention keys/values projected once.
+* ``rms_norm``: ``output`` = RMSNorm of ``x`` over its last axis, ``x / sqrt(mean(x**2) +
+  params["epsilon"]) * scale``, with the weight ``scale`` ``(d,)`` when the case has one
+  (none: a gain of ones).
 """
 
 from __future__ import annotations
@@ -239,6 +242,8 @@ def oracle(op: str, inputs: dict, weights: dict, params: dict) -> dict[str, np.n
             **_masks(inputs),
         )
         return {"output": out}
+    if op == "rms_norm":
+        return {"output": ref.rms_norm(inputs["x"], weights.get("scale"), params["epsilon"])}
     if op.startswith("doc_"):
         return _document_oracle(op, inputs, weights, params)
     raise ValueError(f"unknown op {op!r}")
@@ -627,6 +632,23 @@ def _decoder(norm_first: bool, kv_heads: int, rotary: bool):
     return build
 
 
+def _rms_norm(kind: str):
+    """RMSNorm of rows of non-zero mean (where it differs from layer norm); ``zero_rows``
+    adds rows of zeros (output 0, gradient 1/sqrt(epsilon) times the scale)."""
+
+    def build(rng):
+        x = _normal(rng, 2, 5, 8, scale=2.0) + 0.5
+        weights = {} if kind == "no_scale" else {"scale": 1 + _normal(rng, 8, scale=0.3)}
+        epsilon = 1e-6
+        if kind == "zero_rows":
+            x[0, 1] = 0.0
+            x[1, 4] = 0.0
+            epsilon = 1e-4  # keeps the central differences on those rows accurate
+        return {"x": x}, weights, {"epsilon": epsilon}
+
+    return build
+
+
 def _d2l(kind: str):
     def build(rng):
         if kind.startswith("softmax"):
@@ -827,6 +849,11 @@ VARIANTS: list[Variant] = [
             ("pre_ln_gqa_rope", True, 2, True),
             ("post_ln_mqa", False, 1, False),
         )
+    ),
+    # RMS normalisation (multiattn.ops.rms_norm)
+    *(
+        Variant(f"rms_norm_{k}", "rms_norm", "rms_norm", _rms_norm(k))
+        for k in ("scale", "no_scale", "zero_rows")
     ),
     # the source documents, through their adapters
     Variant(

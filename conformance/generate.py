@@ -3,7 +3,9 @@
     python -m multiattn.conformance.generate            # (re)write conformance/fixtures
     python -m multiattn.conformance.generate --check    # regenerate in memory, fail on drift
 
-Seeds are fixed per variant, so generation is deterministic.
+Seeds are fixed per variant, so generation is deterministic. Writing the shipped fixtures
+also rewrites the pin in the code (``conformance/fixtures_pin.py``: the sha256 of the new
+manifest), through which the runner trusts them; ``--check`` fails when the pin is stale.
 """
 
 from __future__ import annotations
@@ -34,8 +36,19 @@ def check(directory: Path) -> list[str]:
         problems.append(
             f"oracle version {manifest['oracle_version']} != {reference.ORACLE_VERSION}"
         )
-    stored = {c.name: c for c in fixtures.load(directory)}
-    for name in sorted(set(fresh) ^ set(stored)):
+    digest = fixtures.manifest_digest(manifest)
+    if Path(directory).resolve() == fixtures.DEFAULT_DIR.resolve() and (
+        digest != fixtures.pinned_digest()
+    ):
+        problems.append(
+            f"the manifest's sha256 {digest} is not the one pinned in {fixtures.PIN_FILE.name} "
+            f"({fixtures.pinned_digest()}); regenerate the fixtures to update the pin"
+        )
+    verified = fixtures.verify(directory, pinned=False)  # a stale pin is reported above
+    problems += [f"{key}: {why}" for key, why in verified.tampered.items()]
+    sound = [m["name"] for m in manifest["cases"] if not verified.is_tampered(m)]
+    stored = {c.name: c for c in fixtures.load(verified, sound)}
+    for name in sorted((set(fresh) ^ set(stored)) - set(verified.tampered)):
         problems.append(
             f"{name}: {'missing from' if name in fresh else 'not generated but in'} the fixtures"
         )
@@ -112,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             old.unlink()
         for path in Path(tmp).iterdir():
             path.replace(args.out / path.name)
+    if args.out.resolve() == fixtures.DEFAULT_DIR.resolve():
+        fixtures.write_pin(fixtures.manifest_digest(manifest))
+        print(f"pinned the manifest's sha256 in {fixtures.PIN_FILE}")
     size = sum(p.stat().st_size for p in args.out.iterdir())
     print(f"wrote {len(manifest['cases'])} cases to {args.out} ({size / 1024:.0f} KiB)")
     return 0

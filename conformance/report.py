@@ -62,6 +62,7 @@ def family_rows(results: dict[str, dict]) -> list[dict]:
 
 
 def print_table(results: dict[str, dict], console: Any) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="multiattn conformance: max error against the float64 oracle")
@@ -73,13 +74,17 @@ def print_table(results: dict[str, dict], console: Any) -> None:
         "skip": "[yellow]skip[/]",
         "skipped": "[yellow]skipped[/]",
         "crashed": "[red]CRASHED[/]",
+        "hung": "[red]HUNG[/]",
+        "tampered": "[red]TAMPERED[/]",
+        "interrupted": "[yellow]interrupted[/]",
     }
     last = None
     for row in family_rows(results):
         name = row["target"] if row["target"] != last else ""
         last = row["target"]
         if row["family"] == "-":
-            table.add_row(name, "", "", "", "", f"{style[row['status']]} {row['reason']}")
+            reason = escape(str(row["reason"]))
+            table.add_row(name, "", "", "", "", f"{style[row['status']]} {reason}")
             continue
         cases = f"{row['cases']}" + (f" +{row['skipped']} skip" if row["skipped"] else "")
         fmt = lambda v: "" if v is None else ("inf" if math.isinf(v) else f"{v:.1e}")  # noqa: E731

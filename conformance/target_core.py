@@ -23,6 +23,7 @@ CORE_OPS = {
     "mha_decode",
     "decoder",
     "decoder_decode",
+    "rms_norm",
 }
 
 
@@ -258,6 +259,10 @@ class CoreTarget:
                 return {"output": out}
 
             return encoder
+        if case.op == "rms_norm":
+            return lambda a: {
+                "output": ops.rms_norm(a["input/x"], a.get("weight/scale"), epsilon=p["epsilon"])
+            }
         if case.op == "rope":
             return lambda a: {
                 "output": ops.rotary_embedding(a["input/x"], offset=p["offset"], base=p["base"])

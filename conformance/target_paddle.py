@@ -20,6 +20,7 @@ PADDLE_CORE_OPS = {
     "general_scores",
     "sdpa",
     "rope",
+    "rms_norm",
 }
 
 

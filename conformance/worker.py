@@ -2,21 +2,26 @@
 
     python -m multiattn.conformance.worker --target keras-jax [--fixtures DIR] [--cases GLOB]
 
-Events: ``{"event": "start", "target", "total", "informative"}``, ``{"event": "case",
-"case", "family", "dtype", "status", "metrics" | "reason"}`` for every case,
-``{"event": "done"}``. Status is ``pass``, ``fail``, ``skip`` (the target does not support
-the case) or ``error`` (it raised); an informative target (a framework's own layer,
-``informative = True``) may also report ``depart``: a recorded departure on fully masked
-rows (see `multiattn.conformance.departures`), with what departed in ``reason``.
+Events: ``{"event": "start", "target", "total", "informative"}``; per case ``{"event":
+"begin", "case"}`` and then ``{"event": "case", "case", "family", "dtype", "status",
+"metrics" | "reason"}``; at the end ``{"event": "done"}``. When the fixtures cannot be
+trusted: ``{"event": "tampered", "reason"}`` and exit code 3. Events are the only output
+on stdout (anything else printed goes to stderr). Status is ``pass``, ``fail``, ``skip``
+(the target does not support the case) or ``error`` (it raised); an informative target (a
+framework's own layer, ``informative = True``) may also report ``depart``: a recorded
+departure on fully masked rows (see `multiattn.conformance.departures`), with what
+departed in ``reason``.
 """
 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import importlib
 import json
+import os
 import sys
+import threading
+import time
 import traceback
 from typing import Any
 
@@ -24,10 +29,38 @@ import numpy as np
 
 from . import departures, fixtures
 
+#: Where events go: the process's original stdout. `claim_stdout` points file descriptor 1
+#: (``print``, and whatever a framework's C code writes there) at stderr, so that nothing but
+#: events reaches the runner on this stream.
+_events = sys.stdout
+TAMPERED_EXIT = 3
+
+
+def claim_stdout() -> None:
+    global _events
+    sys.stdout.flush()
+    _events = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
 
 def emit(**event: Any) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
+    _events.write(json.dumps(event) + "\n")
+    _events.flush()
+
+
+def exit_with_parent() -> None:
+    """End this process when the runner that started it is gone (killed without a chance
+    to stop its workers), instead of running, or hanging, on as an orphan."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def compare(
@@ -71,6 +104,9 @@ def compare(
         ok = max_rel <= tol
         passed &= ok
         metrics[key] = {"max_abs": max_abs, "max_rel": max_rel, "tol": tol, "ok": ok}
+    if not metrics:  # nothing compared is no evidence of agreement
+        metrics["output"] = {"missing": True, "reason": "no expected array was compared"}
+        passed = False
     return {"passed": passed, "metrics": metrics}
 
 
@@ -115,19 +151,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default="*")
     parser.add_argument("--tolerance", default="{}", help="JSON {dtype: {output|grad: tol}}")
     parser.add_argument("--strict", default="", help="framework to make deterministic")
+    parser.add_argument(
+        "--manifest-sha256",
+        default="",
+        help="the manifest digest the runner verified: refuse any other manifest",
+    )
     args = parser.parse_args(argv)
+    claim_stdout()
+    if os.name == "posix":
+        exit_with_parent()
     if args.strict:
         apply_strict(args.strict)
     target = load_target(args.target)
     name = args.name or getattr(target, "name", args.target)
     patterns = [p.strip() for p in args.cases.split(",") if p.strip()]
-    cases = [
-        c for c in fixtures.load(args.fixtures) if any(fnmatch.fnmatch(c.name, p) for p in patterns)
-    ]
+    try:
+        verified = fixtures.verify(args.fixtures)
+        if args.manifest_sha256 and verified.digest != args.manifest_sha256:
+            raise fixtures.TamperedError(
+                f"{verified.directory / 'manifest.json'} changed since the run started "
+                f"(sha256 {verified.digest}, verified {args.manifest_sha256})"
+            )
+        sound, _ = verified.select(patterns)  # the runner reports the tampered ones
+        cases = fixtures.load(verified, sound)
+    except fixtures.TamperedError as err:
+        emit(event="tampered", reason=str(err))
+        return TAMPERED_EXIT
     overrides = json.loads(args.tolerance)
     informative = bool(getattr(target, "informative", False))
     emit(event="start", target=name, total=len(cases), informative=informative)
     for case in cases:
+        emit(event="begin", case=case.name)  # so that a hang can be placed
         base = {"event": "case", "case": case.name, "family": case.family, "dtype": case.dtype}
         support = target.supports(case) if hasattr(target, "supports") else True
         if support is not True:

@@ -188,6 +188,21 @@ class KerasNamespace:
             query, key, value, mask=mask, scale=scale, is_causal=is_causal
         )
 
+    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+        """``true_fn()`` if the scalar bool ``pred`` holds, else ``false_fn()``:
+        ``keras.ops.cond``, except that on JAX a concrete ``pred`` (not under ``jax.jit``)
+        picks its branch in Python: ``jax.lax.cond`` would compile both branches on every
+        eager call. Under a trace (``jax.jit``, ``tf.function``, Keras symbolic tensors)
+        both branches are traced and must return the same structure of tensors."""
+        if self._keras.backend.backend() == "jax" and not self.is_symbolic(pred):
+            return true_fn() if bool(pred) else false_fn()
+        return self._ops.cond(pred, true_fn, false_fn)
+
+    #: The backend's ``softmax`` gives exactly 0 to a score ``3.4e38`` below its row's
+    #: maximum (the exponential underflows). True for every Keras backend; the core relies
+    #: on it for masked scores on the attention path (see `multiattn.ops.masking`).
+    softmax_exact_zeros = True
+
     @property
     def fused_attention_pays(self) -> bool:
         """False where the backend's fused attention is measured slower than the core's

@@ -113,26 +113,34 @@ def masked_softmax(
     axis = axis + x.ndim if axis < 0 else axis
     if not 0 <= axis < x.ndim:
         raise ValueError(f"axis out of range for x of shape {x.shape}, got {axis}")
-    allowed = np.ones(x.shape, dtype=bool)
-    if valid_lens is not None:
-        if axis != x.ndim - 1:
-            raise ValueError(f"valid_lens requires axis to be the last axis, got axis={axis}")
-        allowed = allowed & valid_lens_mask(valid_lens, x.shape)
-    if mask is not None:
-        m = _as_bool_mask(mask)
-        try:
-            fits = np.broadcast_shapes(m.shape, x.shape) == x.shape
-        except ValueError:
-            fits = False
-        if not fits:
-            raise ValueError(f"mask of shape {m.shape} does not broadcast to x {x.shape}")
-        allowed = allowed & m
+    allowed = _allowed(x.shape, valid_lens, mask, axis)
     row_max = np.max(np.where(allowed, x, -np.inf), axis=axis, keepdims=True)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     exps = np.exp(np.where(allowed, x - row_max, -np.inf))
     total = np.sum(exps, axis=axis, keepdims=True)
     total_b = np.broadcast_to(total, exps.shape)
     return np.divide(exps, total_b, out=np.zeros_like(exps), where=total_b > 0)
+
+
+def _allowed(
+    x_shape: tuple[int, ...], valid_lens: ArrayLike | None, mask: ArrayLike | None, axis: int
+) -> np.ndarray:
+    """The allowed positions of `masked_softmax` (bool, shape ``x_shape``)."""
+    allowed = np.ones(x_shape, dtype=bool)
+    if valid_lens is not None:
+        if axis != len(x_shape) - 1:
+            raise ValueError(f"valid_lens requires axis to be the last axis, got axis={axis}")
+        allowed = allowed & valid_lens_mask(valid_lens, x_shape)
+    if mask is not None:
+        m = _as_bool_mask(mask)
+        try:
+            fits = np.broadcast_shapes(m.shape, x_shape) == tuple(x_shape)
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"mask of shape {m.shape} does not broadcast to x {x_shape}")
+        allowed = allowed & m
+    return allowed
 
 
 def dot_scores(q: ArrayLike, k: ArrayLike) -> np.ndarray:
@@ -187,16 +195,22 @@ def attention(
     valid_lens: ArrayLike | None = None,
     mask: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Weights = masked_softmax(scores); output = weights @ value.
+    """Weights = masked_softmax(scores); output[i] = sum of weights[i, j] * value[j] over
+    the keys j that row i may attend.
 
-    scores ``(..., Tq, Tk)``, value ``(..., Tk, dv)``; returns output ``(..., Tq, dv)`` and
-    weights ``(..., Tq, Tk)``.
+    A key a row may not attend takes no part in its output, whatever its score and value
+    hold (NaN, inf): the sum runs over the allowed keys only, since ``0 * NaN`` in
+    ``weights @ value`` would be NaN. scores ``(..., Tq, Tk)``, value ``(..., Tk, dv)``;
+    returns output ``(..., Tq, dv)`` and weights ``(..., Tq, Tk)``.
     """
     scores, value = _f64(scores), _f64(value)
     if value.ndim < 2 or value.shape[-2] != scores.shape[-1]:
         raise ValueError(f"value must be (..., {scores.shape[-1]}, dv), got {value.shape}")
     weights = masked_softmax(scores, valid_lens=valid_lens, mask=mask)
-    return weights @ value, weights
+    allowed = _allowed(scores.shape, valid_lens, mask, scores.ndim - 1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        terms = weights[..., :, :, None] * value[..., None, :, :]  # (..., Tq, Tk, dv)
+    return np.where(allowed[..., None], terms, 0.0).sum(axis=-2), weights
 
 
 def scaled_dot_product_attention(
@@ -373,6 +387,19 @@ def layer_norm(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, epsilon: float) 
     mean = np.mean(x, axis=-1, keepdims=True)
     var = np.mean((x - mean) ** 2, axis=-1, keepdims=True)
     return (x - mean) / np.sqrt(var + epsilon) * gamma + beta
+
+
+def rms_norm(x: ArrayLike, scale: ArrayLike | None, epsilon: float) -> np.ndarray:
+    """RMSNorm over the last axis: ``x / sqrt(mean(x**2) + epsilon) * scale``; x ``(..., d)``,
+    scale ``(d,)`` or None (a gain of ones). No mean is subtracted."""
+    x = _f64(x)
+    root_mean_square = np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + epsilon)
+    out = x / root_mean_square
+    if scale is not None:
+        scale = _f64(scale)
+        _check_shape("scale", scale, (x.shape[-1],))
+        out = out * scale
+    return out
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])

@@ -22,3 +22,24 @@ def test_unknown_backend_is_a_usage_error():
     )
     assert proc.returncode == 2
     assert "mxnet" in proc.stderr
+
+
+def test_conformance_subcommand_passes_its_exit_code_through():
+    """``multiattn conformance`` is the runner: its usage errors and exit codes."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "multiattn.cli", "conformance", "--cases", "no_such_case_*"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--cases 'no_such_case_*' selects none of the" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "multiattn.cli", "conformance", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0
+    assert "--timeout SECONDS" in proc.stdout

@@ -4,6 +4,7 @@ neutral port layout, config reading, errors that name the tensor or key."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,3 +133,131 @@ def test_config_from_json(tmp_path):
 def test_config_rejects_other_variants(tmp_path, changes, match):
     with pytest.raises(ValueError, match=match):
         BertConfig.from_json(_config_json(tmp_path, **changes))
+
+
+# --- the model folder: paths stay inside it; malformed files name the key ---------------
+
+
+def _model_dir(folder, pooling_path: str = "1_Pooling"):
+    """A sentence-transformers folder holding the small BERT of `hf_state`."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    _config_json(folder)
+    save_file(hf_state(), str(folder / "model.safetensors"))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 10}))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": pooling_path,
+         "type": "sentence_transformers.models.Pooling"},
+    ]  # fmt: skip
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_mean_tokens": True})
+    )
+    return folder
+
+
+def test_load_checkpoint_reads_a_model_folder(tmp_path):
+    from multiattn.models.checkpoint import load_checkpoint
+
+    config, options, weights = load_checkpoint(_model_dir(tmp_path / "m"))
+    assert config == CONFIG and options.max_length == 10 and not options.normalize
+    want = random_weights()
+    assert sorted(weights) == sorted(want)
+    assert all(np.array_equal(weights[k], want[k]) for k in want)
+
+
+def test_paths_out_of_the_model_folder_are_refused(tmp_path):
+    from multiattn.models.checkpoint import load_checkpoint
+
+    # a pooling config outside the folder, which the old code would have read
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    for path in ("../outside", "../../" + str(outside.relative_to(tmp_path.parent)),
+                 str(outside)):  # fmt: skip
+        model = _model_dir(tmp_path / "m", pooling_path=path)
+        with pytest.raises(ValueError, match=r"outside the model folder"):
+            load_checkpoint(model)
+    # a symbolic link to a file outside the folder
+    model = _model_dir(tmp_path / "n")
+    (outside / "bert.json").write_text((model / "config.json").read_text())
+    (model / "config.json").unlink()
+    (model / "config.json").symlink_to(outside / "bert.json")
+    with pytest.raises(ValueError, match=r"'config\.json' leads to .*outside the model folder"):
+        load_checkpoint(model)
+    # links that stay inside the folder are followed
+    model = _model_dir(tmp_path / "k")
+    (model / "real.json").write_text((model / "config.json").read_text())
+    (model / "config.json").unlink()
+    (model / "config.json").symlink_to("real.json")
+    assert load_checkpoint(model)[0] == CONFIG
+
+
+def test_root_allows_a_cache_layout(tmp_path):
+    """A Hugging Face cache snapshot links its files into ../../blobs: allowed with `root`."""
+    from multiattn.models.checkpoint import load_checkpoint
+
+    repo = tmp_path / "models--x"
+    source = _model_dir(tmp_path / "src")
+    snapshot = repo / "snapshots" / "abc"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "modules.json",
+                 "sentence_bert_config.json"):  # fmt: skip
+        (repo / "blobs" / name).write_bytes((source / name).read_bytes())
+        (snapshot / name).symlink_to(Path("../../blobs") / name)
+    (snapshot / "1_Pooling").mkdir()
+    (snapshot / "1_Pooling" / "config.json").write_bytes(
+        (source / "1_Pooling" / "config.json").read_bytes())  # fmt: skip
+    with pytest.raises(ValueError, match="outside the model folder"):
+        load_checkpoint(snapshot)
+    assert load_checkpoint(snapshot, root=repo)[0] == CONFIG
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "match"),
+    [
+        ("config.json", "drop:hidden_size", "missing key `hidden_size`"),
+        ("config.json", "drop:layer_norm_eps", "missing key `layer_norm_eps`"),
+        ("config.json", {"num_hidden_layers": "6"}, "`num_hidden_layers` must be a positive"),
+        ("config.json", {"vocab_size": 0}, "`vocab_size` must be a positive integer"),
+        ("config.json", {"layer_norm_eps": "small"}, "`layer_norm_eps` must be a positive"),
+        ("config.json", "{not json", r"config\.json' is not valid JSON"),
+        ("config.json", "[1, 2]", r"config\.json' must hold a JSON object"),
+        ("sentence_bert_config.json", "{}", "missing key `max_seq_length`"),
+        ("modules.json", "{}", r"modules\.json' must hold a JSON array"),
+        (
+            "modules.json",
+            '[{"path": ""}]',
+            "modules.json entry 0 must be an object with a string `type`",
+        ),
+        ("modules.json", '[{"type": "x.Pooling"}]', "Pooling entry: missing key `path`"),
+    ],
+)
+def test_malformed_files_name_the_key(tmp_path, file, content, match):
+    from multiattn.models.checkpoint import load_checkpoint
+
+    model = _model_dir(tmp_path / "m")
+    if isinstance(content, dict) or content.startswith("drop:"):
+        raw = json.loads((model / file).read_text())
+        if isinstance(content, dict):
+            raw.update(content)
+        else:
+            del raw[content.removeprefix("drop:")]
+        content = json.dumps(raw)
+    (model / file).write_text(content)
+    with pytest.raises(ValueError, match=match):
+        load_checkpoint(model)
+
+
+def test_unreadable_weights_are_named(tmp_path):
+    from multiattn.models.checkpoint import load_checkpoint
+
+    model = _model_dir(tmp_path / "m")
+    data = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"cannot read model\.safetensors"):
+        load_checkpoint(model)

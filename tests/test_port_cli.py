@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _port_cli_support import GROUPED, ROTARY, write_keras_h5
 from _port_oracle import PAIR_RTOL, assert_same_weights, compare, inputs, oracle_mha, random_weights
 from safetensors.numpy import load_file, save_file
 
@@ -220,15 +221,99 @@ def test_interrupted_write_leaves_no_file(tmp_path, mha_file):
                 fh.write(b"half a file")
             raise KeyboardInterrupt
         stn.save_file = dying
-        main([{str(src)!r}, {str(dst)!r}, "--from", "safetensors", "--force"])
+        sys.exit(main([{str(src)!r}, {str(dst)!r}, "--from", "safetensors", "--force"]))
     """)
     for existing in (False, True):
         if existing:
             dst.write_bytes(b"old")
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-        assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr
+        assert proc.returncode == 130, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert proc.stderr == "multiattn port: error: interrupted. Nothing was written.\n"
         if existing:
             assert dst.read_bytes() == b"old"
             only(tmp_path, "mha.safetensors", "out.safetensors")
         else:
             only(tmp_path, "mha.safetensors")
+
+
+# --- grouped key/value heads and rotary position embedding -----------------------------
+
+# Keras' own h5 files (written here by write_keras_h5) carry no multiattn attributes.
+
+
+def test_grouped_and_rotary_settings_travel_through_files(tmp_path):
+    gw, rw = random_weights("mha", GROUPED, seed=21), random_weights("mha", ROTARY, seed=22)
+    save_file(gw, str(tmp_path / "g.safetensors"), metadata=metadata_for("mha", GROUPED))
+    save_file(rw, str(tmp_path / "r.safetensors"), metadata=metadata_for("mha", ROTARY))
+    for name, config, w in (("g", GROUPED, gw), ("r", ROTARY, rw)):
+        ok(port(str(tmp_path / f"{name}.safetensors"), str(tmp_path / f"{name}.weights.h5"),
+                "--from", "safetensors", "--to", "keras"))  # fmt: skip
+        ok(port(str(tmp_path / f"{name}.weights.h5"), str(tmp_path / f"{name}2.safetensors"),
+                "--from", "keras"))  # fmt: skip
+        back = load_portable(tmp_path / f"{name}2.safetensors")
+        assert back.config == config  # carried by the h5 file's attributes
+        assert_same_weights(back.weights, w)
+
+    # Keras' own h5 files carry no metadata: the key/value heads show in the shapes, RoPE
+    # is given with flags
+    write_keras_h5(tmp_path / "plain_g.weights.h5", gw, GROUPED)
+    ok(port(str(tmp_path / "plain_g.weights.h5"), str(tmp_path / "pg.safetensors"), "--from",
+            "keras"))  # fmt: skip
+    assert load_portable(tmp_path / "pg.safetensors").config == GROUPED
+    write_keras_h5(tmp_path / "plain_r.weights.h5", rw, ROTARY)
+    ok(port(str(tmp_path / "plain_r.weights.h5"), str(tmp_path / "pr.safetensors"), "--from",
+            "keras", "--rotary-max-length", "16", "--rotary-base", "500"))  # fmt: skip
+    assert load_portable(tmp_path / "pr.safetensors").config == ROTARY
+    refused(port(str(tmp_path / "plain_r.weights.h5"), str(tmp_path / "x.safetensors"),
+                 "--from", "keras", "--rotary-base", "500"),
+            "`rotary_base` (500.0) is given without `rotary_max_length`")  # fmt: skip
+
+    # formats whose modules have no grouped heads or no RoPE refuse, naming the setting
+    for name, needle in (("g", "num_key_value_heads=2"), ("r", "rotary_max_length=16")):
+        for to, extra in (("torch", ()), ("torch-safetensors", ()), ("keras-mha", ()),
+                          ("paddle", ("--trust-pickle",))):  # fmt: skip
+            dst = tmp_path / ("x.weights.h5" if to == "keras-mha" else "x.out")
+            refused(port(str(tmp_path / f"{name}.safetensors"), str(dst), "--from",
+                         "safetensors", "--to", to, *extra), needle)  # fmt: skip
+            assert not dst.exists()
+
+
+def test_grouped_and_rotary_h5_files_load_into_multiattn(tmp_path):
+    """The .weights.h5 files written for grouped and rotary layers load into multiattn
+    layers built with those settings, which compute the float64 oracle's attention."""
+    from _port_oracle import _mha_ref
+
+    from multiattn import reference
+
+    gw, rw = random_weights("mha", GROUPED, seed=23), random_weights("mha", ROTARY, seed=24)
+    for name, config, w in (("g", GROUPED, gw), ("r", ROTARY, rw)):
+        save_file(w, str(tmp_path / f"{name}.safetensors"), metadata=metadata_for("mha", config))
+        ok(port(str(tmp_path / f"{name}.safetensors"), str(tmp_path / f"{name}.weights.h5"),
+                "--from", "safetensors", "--to", "keras"))  # fmt: skip
+    q, k, v = inputs((2, 3, 8), (2, 4, 5), (2, 4, 6), seed=3)
+    rq, rkv = inputs((2, 5, 8), (2, 6, 8), seed=4)
+    np.savez(tmp_path / "x.npz", q=q, k=k, v=v, rq=rq, rkv=rkv)
+    script = textwrap.dedent(f"""
+        import json, numpy as np, keras
+        from keras.src.saving import saving_lib
+        from multiattn.layers import MultiHeadAttention
+        d = np.load({str(tmp_path / "x.npz")!r})
+        g = MultiHeadAttention(4, 2, value_dim=3, output_dim=7, num_key_value_heads=2)
+        g.build((None, None, 8), (None, None, 6), (None, None, 5))
+        saving_lib.load_weights_only(g, {str(tmp_path / "g.weights.h5")!r})
+        r = MultiHeadAttention(2, 4, rotary_max_length=16, rotary_base=500.0)
+        r.build((None, None, 8), (None, None, 8), (None, None, 8))
+        saving_lib.load_weights_only(r, {str(tmp_path / "r.weights.h5")!r})
+        out = {{"g": keras.ops.convert_to_numpy(g(d["q"], d["v"], d["k"])).tolist(),
+                "r": keras.ops.convert_to_numpy(r(d["rq"], d["rkv"])).tolist()}}
+        print(json.dumps(out))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "KERAS_BACKEND": "numpy"}, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    outs = json.loads(proc.stdout.strip().splitlines()[-1])
+    want_g, _ = reference.multi_head_attention(q, v, k, weights=_mha_ref(gw))
+    want_r, _ = reference.multi_head_attention(rq, rkv, weights=_mha_ref(rw), rotary_base=500.0)
+    compare("cli grouped h5 -> multiattn vs oracle", np.array(outs["g"]), want_g, PAIR_RTOL)
+    compare("cli rotary h5 -> multiattn vs oracle", np.array(outs["r"]), want_r, PAIR_RTOL)

@@ -170,3 +170,78 @@ def test_save_and_load_portable_round_trip(tmp_path):
     save_file(pw.weights, str(tmp_path / "bare.safetensors"))
     with pytest.raises(PortError, match=r"no 'multiattn\.kind' metadata"):
         load_portable(tmp_path / "bare.safetensors")
+
+
+# --- settings: grouped key/value heads, rotary position embedding ------------------------
+
+GROUPED = {"num_heads": 6, "key_dim": 2, "value_dim": 3, "query_width": 4, "key_width": 5,
+           "value_width": 7, "output_width": 9, "use_bias": True,
+           "num_key_value_heads": 2}  # fmt: skip
+
+
+def test_grouped_layout_has_kv_heads_in_key_and_value():
+    assert expected_shapes("mha", GROUPED) == {
+        "query/kernel": (4, 6, 2),
+        "query/bias": (6, 2),
+        "key/kernel": (5, 2, 2),
+        "key/bias": (2, 2),
+        "value/kernel": (7, 2, 3),
+        "value/bias": (2, 3),
+        "output/kernel": (6, 3, 9),
+        "output/bias": (9,),
+    }
+    w = random_weights("mha", GROUPED)
+    assert infer_config("neutral", "mha", w) == GROUPED  # read from the key kernel's heads
+    assert PortableWeights("mha", GROUPED, w).config == GROUPED
+    ungrouped = {k: v for k, v in GROUPED.items() if k != "num_key_value_heads"}
+    with pytest.raises(ValueError, match=r"'key/kernel' must have shape \(5, 6, 2\); "
+                                         r"received \(5, 2, 2\)"):  # fmt: skip
+        PortableWeights("mha", ungrouped, w)
+
+
+def test_settings_are_checked_and_canonical():
+    from multiattn.port.layout import check_config
+
+    base = {k: v for k, v in GROUPED.items() if k != "num_key_value_heads"}
+    # the defaults are not recorded: H_kv = H, no RoPE; RoPE's base defaults to 10000
+    assert check_config("mha", {**base, "num_key_value_heads": 6}) == base
+    assert check_config("mha", {**base, "rotary_max_length": 8}) == {
+        **base, "rotary_max_length": 8, "rotary_base": 10000.0}  # fmt: skip
+    bad = [
+        ({"num_key_value_heads": 4}, r"`num_key_value_heads` \(4\) must divide `num_heads`"),
+        ({"num_key_value_heads": 0}, "`num_key_value_heads` must be a positive int"),
+        ({"num_key_value_heads": True}, "`num_key_value_heads` has the wrong type"),
+        ({"rotary_base": 100.0}, "`rotary_base` .* without `rotary_max_length`"),
+        ({"rotary_max_length": 8, "rotary_base": -1.0}, "`rotary_base` must be a positive"),
+        ({"rotary_max_length": 8, "rotary_base": float("inf")}, "`rotary_base` must be"),
+        ({"rotary_max_length": 8, "key_dim": 3}, "needs an even `key_dim`; received 3"),
+    ]
+    for change, match in bad:
+        with pytest.raises(ValueError, match=match):
+            check_config("mha", {**base, **change})
+
+
+def test_torch_and_paddle_layouts_refuse_settings_by_name():
+    rotary = {"num_heads": 2, "key_dim": 2, "value_dim": 2, "query_width": 4, "key_width": 4,
+              "value_width": 4, "output_width": 4, "use_bias": True,
+              "rotary_max_length": 8}  # fmt: skip
+    grouped = {**rotary, "num_heads": 4, "key_dim": 1, "value_dim": 1, "num_key_value_heads": 2}
+    del grouped["rotary_max_length"]
+    for to in (neutral_to_torch, neutral_to_paddle):
+        with pytest.raises(ValueError, match=r"no grouped key/value heads; received "
+                                             r"num_key_value_heads=2 \(num_heads=4\)"):  # fmt: skip
+            to("mha", random_weights("mha", grouped), grouped)
+        with pytest.raises(ValueError, match=r"no rotary position embedding; received "
+                                             r"rotary_max_length=8 \(rotary_base=10000\.0\)"):  # fmt: skip
+            to("mha", random_weights("mha", rotary), rotary)
+
+
+def test_infer_config_checks_anchor_ranks_and_heads():
+    w = random_weights("mha", GROUPED)
+    with pytest.raises(ValueError, match=r"'query/kernel' must have 3 non-empty axes; received "
+                                         r"shape \(4, 12\)"):  # fmt: skip
+        infer_config("neutral", "mha", {**w, "query/kernel": np.zeros((4, 12))})
+    flat = {"out_proj.weight": np.zeros((4, 4)), "in_proj_weight": np.zeros((12, 4))}
+    for heads in (0, -1, True):
+        with pytest.raises(ValueError, match=r"`num_heads` must be a positive int"):
+            infer_config("torch", "mha", flat, heads)

@@ -551,6 +551,37 @@ def test_layer_norm_hand_value_and_loop():
         ref.layer_norm(x, np.ones(4), beta, 1e-6)
 
 
+def test_rms_norm_hand_value_loop_and_identities():
+    # [3, 4]: mean square (9 + 16) / 2 = 12.5, root 5 / sqrt(2)
+    out = ref.rms_norm([[3.0, 4.0]], None, 0.0)
+    np.testing.assert_allclose(out, [[3 * math.sqrt(2) / 5, 4 * math.sqrt(2) / 5]], rtol=1e-15)
+    # epsilon goes under the root: [1, 1] with eps 3 -> 1 / sqrt(1 + 3) = 0.5; scale multiplies
+    np.testing.assert_allclose(ref.rms_norm([1.0, 1.0], [2.0, -4.0], 3.0), [1.0, -2.0])
+    g = rng()
+    x, scale = g.normal(size=(2, 3, 5)) * 3 + 2, g.normal(size=5)
+    loop = np.zeros_like(x)
+    for idx in np.ndindex(x.shape[:-1]):
+        row = list(x[idx])
+        rms = math.sqrt(sum(v * v for v in row) / len(row) + 1e-3)
+        loop[idx] = [v / rms * s for v, s in zip(row, scale, strict=True)]
+    np.testing.assert_allclose(ref.rms_norm(x, scale, 1e-3), loop, rtol=1e-12)
+    plain = ref.rms_norm(x, None, 0.0)
+    # unit root mean square per row, invariant to a positive rescaling of the row
+    np.testing.assert_allclose(np.mean(plain**2, axis=-1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(ref.rms_norm(7.5 * x, None, 0.0), plain, rtol=1e-12)
+    # not layer norm: equal to it (beta 0) only on rows of mean zero
+    centred = x - x.mean(axis=-1, keepdims=True)
+    np.testing.assert_allclose(
+        ref.rms_norm(centred, scale, 1e-3),
+        ref.layer_norm(centred, scale, np.zeros(5), 1e-3),
+        rtol=1e-12,
+    )
+    assert np.abs(plain - ref.layer_norm(x, np.ones(5), np.zeros(5), 0.0)).max() > 0.1
+    np.testing.assert_array_equal(ref.rms_norm(np.zeros((2, 4)), None, 1e-6), 0.0)
+    with pytest.raises(ValueError, match="scale"):
+        ref.rms_norm(x, np.ones(4), 1e-6)
+
+
 def test_feed_forward_activations():
     x = np.array([[1.0, -2.0]])
     w1, b1 = np.array([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]), np.array([0.0, 0.5, 0.0])

@@ -9,7 +9,7 @@ from .decoder import TransformerDecoderLayer
 from .encoder import TransformerEncoderLayer
 from .feature_map import FeatureMapAttention
 from .multi_head import MultiHeadAttention
-from .normalization import LayerNormalization
+from .normalization import LayerNormalization, RMSNormalization
 from .positional import PositionalEncoding, PositionEmbedding
 from .rotary import RotaryEmbedding
 from .seq2seq import Seq2SeqAttentionDecoder, Seq2SeqEncoder
@@ -22,6 +22,7 @@ __all__ = [
     "MultiHeadAttention",
     "PositionEmbedding",
     "PositionalEncoding",
+    "RMSNormalization",
     "RotaryEmbedding",
     "Seq2SeqAttentionDecoder",
     "Seq2SeqEncoder",

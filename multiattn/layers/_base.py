@@ -5,8 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 
-from .._checks import check_positive_int, check_rank, check_rate, fmt_shape
+from .._checks import (
+    check_positive_int,
+    check_rank,
+    check_rate,
+    check_seed,
+    describe,
+    fmt_shape,
+    shape_of,
+)
 
 
 def static_width(where: str, name: str, shape: Any, rank: int = 3) -> int:
@@ -21,7 +30,11 @@ def static_width(where: str, name: str, shape: Any, rank: int = 3) -> int:
 
 
 def check_input_width(where: str, name: str, x: Any, expected: int) -> None:
-    shape = tuple(x.shape)
+    """``x`` is a tensor (or array) ``(batch, seq, expected)``; ``None``, strings and lists
+    raise ``TypeError`` naming ``name``."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(f"{where}: `{name}` must be a tensor; received {describe(x)}.")
+    shape = shape_of(x)
     check_rank(where, name, shape, 3, 3)
     if shape[-1] is not None and shape[-1] != expected:
         raise ValueError(
@@ -30,10 +43,46 @@ def check_input_width(where: str, name: str, x: Any, expected: int) -> None:
         )
 
 
-def seed_generator(seed: int | None) -> keras.random.SeedGenerator:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"`seed` must be an int or None; received {seed!r}.")
-    return keras.random.SeedGenerator(seed)
+def check_layer_seed(where: str, seed: Any) -> int | None:
+    """A layer's ``seed``: an int (NumPy integers too, returned as int) or None."""
+    if seed is not None and not (
+        isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_))
+    ):
+        raise TypeError(f"{where}: `seed` must be an int or None; received {describe(seed)}.")
+    return check_seed(where, seed)
+
+
+def seed_generator(where: str, seed: Any) -> keras.random.SeedGenerator:
+    """A ``keras.random.SeedGenerator`` for dropout, after `check_layer_seed`."""
+    return keras.random.SeedGenerator(check_layer_seed(where, seed))
+
+
+def get_initializer(where: str, name: str, value: Any) -> Any:
+    """``keras.initializers.get(value)``, with an error naming the argument."""
+    try:
+        return keras.initializers.get(value)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{where}: unknown `{name}` {describe(value)}.") from err
+
+
+def as_mask(where: str, name: str, mask: Any) -> Any:
+    """A mask given as a tensor or an array, unchanged; a nested Python list as a NumPy
+    array. Ragged lists and non-numeric values raise naming ``name``."""
+    if mask is None or (hasattr(mask, "shape") and hasattr(mask, "dtype")):
+        return mask
+    try:
+        arr = np.asarray(mask)
+    except ValueError as err:
+        raise ValueError(
+            f"{where}: `{name}` must be a tensor, an array or a rectangular nested list; "
+            f"received {describe(mask)}."
+        ) from err
+    if arr.dtype.kind not in "biu":
+        raise TypeError(
+            f"{where}: `{name}` must be boolean (True = may attend) or integer; received "
+            f"{describe(mask)}."
+        )
+    return arr
 
 
 def check_block_args(

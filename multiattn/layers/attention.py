@@ -6,10 +6,33 @@ from typing import Any
 
 import keras
 
-from .._checks import check_positive_int, check_rate, check_scale
+from .._checks import (
+    check_default_scale,
+    check_flag,
+    check_positive_int,
+    check_rate,
+    check_scale,
+)
+from .._namespace import get_ops
 from ..ops.attention import scaled_dot_product_attention, score_attention
 from ..ops.scoring import additive_scores
-from ._base import check_input_width, seed_generator, static_width
+from ._base import (
+    check_input_width,
+    check_layer_seed,
+    get_initializer,
+    seed_generator,
+    static_width,
+)
+
+
+def _flags(where: str, query: Any, return_weights: Any, training: Any) -> tuple[bool, bool]:
+    """The ``return_weights`` and ``training`` flags of a layer call, validated."""
+    ops = get_ops(query) if hasattr(query, "dtype") else None
+    return (
+        check_flag(where, "return_weights", return_weights, ops),
+        check_flag(where, "training", training, ops, allow_none=True),
+    )
+
 
 __all__ = ["AdditiveAttention", "DotProductAttention"]
 
@@ -24,14 +47,16 @@ class DotProductAttention(keras.layers.Layer):
         seed: int seed for dropout.
 
     Call arguments:
-        query: ``(batch, queries, d)``.
+        query: ``(batch, queries, d)``, ``d >= 1`` unless ``scale`` is given.
         value: ``(batch, keys, d_v)``.
         key: ``(batch, keys, d)``; defaults to ``value``.
         mask: bool (True = may attend), broadcastable to ``(batch, queries, keys)``.
         valid_lens: ``(batch,)`` or ``(batch, queries)``.
         causal: bottom-right aligned causal mask.
-        return_weights: also return the weights ``(batch, queries, keys)``.
-        training: enables dropout.
+        return_weights: also return the weights ``(batch, queries, keys)``: a bool
+            (Python or NumPy), else ``TypeError``.
+        training: enables dropout: a bool (Python or NumPy) or None (Keras' default),
+            else ``TypeError``.
 
     Returns:
         ``(batch, queries, d_v)`` in the inputs' dtype (and the weights). Fully masked
@@ -46,10 +71,11 @@ class DotProductAttention(keras.layers.Layer):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        self.scale = check_scale("DotProductAttention", scale)
-        self.dropout = check_rate("DotProductAttention", "dropout", dropout)
-        self.seed = seed
-        self.seed_generator = seed_generator(seed)
+        where = "DotProductAttention"
+        self.scale = check_scale(where, scale)
+        self.dropout = check_rate(where, "dropout", dropout)
+        self.seed = check_layer_seed(where, seed)
+        self.seed_generator = seed_generator(where, seed)
         self.supports_masking = True
         self.attention_weights = None
 
@@ -65,6 +91,9 @@ class DotProductAttention(keras.layers.Layer):
         return_weights=False,
         training=None,
     ):
+        where = "DotProductAttention"
+        return_weights, training = _flags(where, query, return_weights, training)
+        check_default_scale(where, query, self.scale)
         return scaled_dot_product_attention(
             query,
             value if key is None else key,
@@ -74,7 +103,7 @@ class DotProductAttention(keras.layers.Layer):
             causal=causal,
             scale=self.scale,
             dropout=self.dropout,
-            training=bool(training),
+            training=training,
             seed=self.seed_generator,
             return_weights=return_weights,
         )
@@ -122,15 +151,18 @@ class AdditiveAttention(keras.layers.Layer):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        self.units = check_positive_int("AdditiveAttention", "units", units)
-        self.dropout = check_rate("AdditiveAttention", "dropout", dropout)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.seed = seed
-        self.seed_generator = seed_generator(seed)
+        where = "AdditiveAttention"
+        self.units = check_positive_int(where, "units", units)
+        self.dropout = check_rate(where, "dropout", dropout)
+        self.kernel_initializer = get_initializer(where, "kernel_initializer", kernel_initializer)
+        self.seed = check_layer_seed(where, seed)
+        self.seed_generator = seed_generator(where, seed)
         self.supports_masking = True
 
-    def build(self, query_shape, value_shape, key_shape=None):
+    def build(self, query_shape, value_shape=None, key_shape=None):
         where = "AdditiveAttention"
+        if value_shape is None:
+            raise TypeError(f"{where}: `value` is required; received None.")
         dq = static_width(where, "query", query_shape)
         static_width(where, "value", value_shape)
         dk = static_width(where, "key", value_shape if key_shape is None else key_shape)
@@ -153,9 +185,14 @@ class AdditiveAttention(keras.layers.Layer):
         return_weights=False,
         training=None,
     ):
-        key = value if key is None else key
-        check_input_width("AdditiveAttention", "query", query, self.w_q.shape[0])
-        check_input_width("AdditiveAttention", "key", key, self.w_k.shape[0])
+        where = "AdditiveAttention"
+        return_weights, training = _flags(where, query, return_weights, training)
+        check_input_width(where, "query", query, self.w_q.shape[0])
+        if key is None:  # the keys are the values: an error about them names `value`
+            check_input_width(where, "value", value, self.w_k.shape[0])
+            key = value
+        else:
+            check_input_width(where, "key", key, self.w_k.shape[0])
         w_q, w_k, w_v = (
             keras.ops.cast(w, self.compute_dtype) for w in (self.w_q, self.w_k, self.w_v)
         )
@@ -167,7 +204,7 @@ class AdditiveAttention(keras.layers.Layer):
             valid_lens=valid_lens,
             causal=causal,
             dropout=self.dropout,
-            training=bool(training),
+            training=training,
             seed=self.seed_generator,
             return_weights=return_weights,
         )

@@ -6,7 +6,9 @@ from typing import Any
 
 import keras
 
-from ._base import check_block_args, static_width
+from .._checks import broadcast_shape, check_flag, check_float, check_rank, shape_of
+from .._namespace import get_ops
+from ._base import as_mask, check_block_args, check_input_width, check_layer_seed, static_width
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization
 
@@ -50,20 +52,25 @@ class TransformerDecoderLayer(keras.layers.Layer):
         seed: int seed for the dropout layers.
 
     Call arguments:
-        x: ``(batch, target_len, d_model)``, the target tokens (embedded).
-        context: ``(batch, source_len, context_width)``, the encoder output; may be
-            omitted when ``context_key_value`` is given.
+        x: ``(batch, target_len, d_model)``, the target tokens (embedded), floating
+            (integer, bool and complex inputs raise ``TypeError``).
+        context: ``(batch, source_len, context_width)``, floating, the encoder output; may
+            be omitted when ``context_key_value`` is given.
         context_mask: bool ``(batch, source_len)``, True = a real source token (Keras'
-            sequence mask), or any mask `MultiHeadAttention` accepts for the cross-attention.
+            sequence mask), or any mask `MultiHeadAttention` accepts for the cross-attention
+            (rank 3 or 4); a tensor, an array or a nested Python list.
         context_valid_lens: ``(batch,)`` lengths of the source sequences.
         context_key_value: the cross-attention keys/values precomputed once with
             `precompute_context` (decoding reuses them at every step).
         mask: extra mask of the self-attention (ANDed with the causal mask), full pass only.
         cache, cache_index: incremental decoding. ``cache`` is the self-attention cache of
             `init_cache`; ``x`` holds the tokens at positions ``cache_index ..
-            cache_index + target_len - 1`` (``cache_index`` a Python int or an integer
-            scalar tensor, traced under ``jax.jit`` / ``tf.function``).
-        training: enables dropout.
+            cache_index + target_len - 1``. ``cache_index`` is an int, a NumPy integer or
+            an integer scalar tensor, checked as in `MultiHeadAttention` (a known value
+            out of range raises ``ValueError``; a traced one out of range writes nothing
+            and gives NaN outputs).
+        training: enables dropout: a bool (Python or NumPy) or None (Keras' default);
+            anything else raises ``TypeError``.
 
     Returns:
         ``(batch, target_len, d_model)``; with ``cache``, ``(output, new_cache)``. Feeding a
@@ -105,7 +112,7 @@ class TransformerDecoderLayer(keras.layers.Layer):
         )
         self.num_key_value_heads = num_key_value_heads
         self.rotary_max_length = rotary_max_length
-        self.seed = seed
+        self.seed = seed = check_layer_seed("TransformerDecoderLayer", seed)
         self.supports_masking = True
         dtype = self.dtype_policy
         key_dim = self.d_model // self.num_heads
@@ -188,9 +195,20 @@ class TransformerDecoderLayer(keras.layers.Layer):
         training=None,
     ):
         where = "TransformerDecoderLayer"
+        check_input_width(where, "x", x, self.d_model)
+        ops = get_ops(x)
+        check_float(where, "x", x, ops)
+        training = check_flag(where, "training", training, ops, allow_none=True)
         if (context is None) == (context_key_value is None):
             raise ValueError(f"{where}: give exactly one of `context` and `context_key_value`.")
-        if context_mask is not None and len(tuple(context_mask.shape)) == 2:
+        if context is not None:
+            check_input_width(where, "context", context, self.cross_attention.key_kernel.shape[0])
+            check_float(where, "context", context, get_ops(context))
+        context_mask = as_mask(where, "context_mask", context_mask)
+        mask = as_mask(where, "mask", mask)
+        if context_mask is not None:
+            self._check_context_mask(where, context_mask, x, context, context_key_value)
+        if context_mask is not None and len(shape_of(context_mask)) == 2:
             context_mask = keras.ops.expand_dims(context_mask, 1)  # key padding, every query
         new_cache = None
 
@@ -225,6 +243,26 @@ class TransformerDecoderLayer(keras.layers.Layer):
             x = self.norm_2(x + self.dropout_2(cross_attention(x), training=training))
             y = self.norm_3(x + self.dropout_3(ffn(x), training=training))
         return (y, new_cache) if cache is not None else y
+
+    def _check_context_mask(self, where, context_mask, x, context, context_key_value) -> None:
+        """A ``(batch, source_len)`` key padding mask, or a mask of rank 3 or 4 that
+        broadcasts to ``(batch, target_len, source_len)`` /
+        ``(batch, heads, target_len, source_len)``; errors name ``context_mask``."""
+        ms, xs = shape_of(context_mask), shape_of(x)
+        if context is not None:
+            source = shape_of(context)[1]
+        elif isinstance(context_key_value, (tuple, list)) and len(context_key_value) == 2:
+            keys = context_key_value[0]
+            source = shape_of(keys)[1] if len(getattr(keys, "shape", ())) == 4 else None
+        else:
+            source = None  # the cross-attention refuses the pair, naming it
+        check_rank(where, "context_mask", ms, 0, 4)
+        if len(ms) <= 2:
+            broadcast_shape(where, "context_mask", ms, (xs[0], source))
+        elif len(ms) == 3:
+            broadcast_shape(where, "context_mask", ms, (xs[0], xs[1], source))
+        else:
+            broadcast_shape(where, "context_mask", ms, (xs[0], self.num_heads, xs[1], source))
 
     def compute_output_shape(self, x_shape, context_shape=None):
         return x_shape

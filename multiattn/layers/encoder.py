@@ -6,7 +6,9 @@ from typing import Any
 
 import keras
 
-from ._base import check_block_args, static_width
+from .._checks import broadcast_shape, check_flag, check_float, check_rank, shape_of
+from .._namespace import get_ops
+from ._base import as_mask, check_block_args, check_input_width, check_layer_seed, static_width
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization
 
@@ -43,12 +45,15 @@ class TransformerEncoderLayer(keras.layers.Layer):
         seed: int seed for the dropout layers.
 
     Call arguments:
-        x: ``(batch, seq, d_model)``.
+        x: ``(batch, seq, d_model)``, floating (integer, bool and complex inputs raise
+            ``TypeError``).
         mask: bool, True = may attend: ``(batch, seq)`` key padding (Keras' sequence
             mask, also taken automatically from an upstream ``Embedding(mask_zero=True)``),
-            or any mask accepted by `MultiHeadAttention`.
+            or any mask accepted by `MultiHeadAttention`; a tensor, an array or a nested
+            Python list.
         valid_lens, causal: as in `MultiHeadAttention`.
-        training: enables dropout.
+        training: enables dropout: a bool (Python or NumPy) or None (Keras' default);
+            anything else raises ``TypeError``.
 
     Returns:
         ``(batch, seq, d_model)``.
@@ -85,7 +90,7 @@ class TransformerEncoderLayer(keras.layers.Layer):
             epsilon,
             activation,
         )
-        self.seed = seed
+        self.seed = seed = check_layer_seed("TransformerEncoderLayer", seed)
         self.supports_masking = True
         dtype = self.dtype_policy
         self.attention = MultiHeadAttention(
@@ -125,7 +130,19 @@ class TransformerEncoderLayer(keras.layers.Layer):
         self.ffn_2.build((*shape[:-1], self.dff))
 
     def call(self, x, *, mask=None, valid_lens=None, causal=False, training=None):
-        if mask is not None and len(tuple(mask.shape)) == 2:
+        where = "TransformerEncoderLayer"
+        check_input_width(where, "x", x, self.d_model)
+        ops = get_ops(x)
+        check_float(where, "x", x, ops)
+        training = check_flag(where, "training", training, ops, allow_none=True)
+        mask = as_mask(where, "mask", mask)
+        if mask is not None:
+            ms, xs = shape_of(mask), shape_of(x)
+            if len(ms) == 2:
+                broadcast_shape(where, "mask", ms, (xs[0], xs[1]))
+            else:
+                check_rank(where, "mask", ms, 0, 4)
+        if mask is not None and len(shape_of(mask)) == 2:
             # A (batch, seq) mask (Keras' sequence mask, e.g. from Embedding(mask_zero=True)):
             # padding of the keys, the same for every query.
             mask = keras.ops.expand_dims(mask, 1)
@@ -149,6 +166,8 @@ class TransformerEncoderLayer(keras.layers.Layer):
         return input_shape
 
     def compute_mask(self, inputs, mask=None):
+        if mask is not None and not hasattr(mask, "shape"):
+            mask = keras.ops.convert_to_tensor(as_mask("TransformerEncoderLayer", "mask", mask))
         return mask if mask is not None and len(tuple(mask.shape)) == 2 else None
 
     def get_config(self) -> dict:

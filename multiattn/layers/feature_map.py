@@ -6,8 +6,9 @@ from typing import Any
 
 import keras
 
-from .._checks import check_positive_int, check_rank, check_rate, fmt_shape
-from ._base import seed_generator
+from .._checks import check_flag, check_positive_int, check_rank, check_rate, describe, fmt_shape
+from .._namespace import get_ops
+from ._base import check_layer_seed, get_initializer
 from .attention import AdditiveAttention
 
 __all__ = ["FeatureMapAttention"]
@@ -56,14 +57,13 @@ class FeatureMapAttention(keras.layers.Layer):
         where = "FeatureMapAttention"
         self.units = check_positive_int(where, "units", units)
         self.dropout = check_rate(where, "dropout", dropout)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.seed = seed
-        seed_generator(seed)  # validates the seed
+        self.kernel_initializer = get_initializer(where, "kernel_initializer", kernel_initializer)
+        self.seed = check_layer_seed(where, seed)
         self.attention = AdditiveAttention(
             units,
             dropout=dropout,
             kernel_initializer=kernel_initializer,
-            seed=seed,
+            seed=self.seed,
             dtype=self.dtype_policy,
             name="attention",
         )
@@ -88,6 +88,11 @@ class FeatureMapAttention(keras.layers.Layer):
         self.attention.build((qs[0], 1, qs[-1]), (fs[0], cells, fs[-1]))
 
     def call(self, query, features, mask=None, training=None):
+        where = "FeatureMapAttention"
+        for name, x in (("query", query), ("features", features)):
+            if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+                raise TypeError(f"{where}: `{name}` must be a tensor; received {describe(x)}.")
+        training = check_flag(where, "training", training, get_ops(query), allow_none=True)
         qs, fs = self._shapes(query.shape, features.shape)
         shape = keras.ops.shape(features)
         batch, height, width, channels = shape[0], shape[1], shape[2], shape[3]

@@ -8,10 +8,14 @@ from typing import Any
 import keras
 
 from .._checks import (
+    FLOAT_DTYPES,
     broadcast_shape,
+    check_flag,
+    check_float,
     check_positive_int,
     check_rank,
     check_rate,
+    describe,
     fmt_shape,
     shape_of,
 )
@@ -19,7 +23,13 @@ from .._namespace import get_ops
 from ..ops.attention import attend
 from ..ops.blockwise import split_masks
 from ..ops.rotary import _check_base
-from ._base import check_input_width, seed_generator, static_width
+from ._base import (
+    check_input_width,
+    check_layer_seed,
+    get_initializer,
+    seed_generator,
+    static_width,
+)
 from .rotary import RotaryEmbedding, check_offset
 
 __all__ = ["MultiHeadAttention"]
@@ -43,6 +53,21 @@ def _write(ops: Any, cache: Any, new: Any, place: Any) -> Any:
         spread = ops.einsum("lt,bthd->blhd", ops.cast(place, cache.dtype), new)
     written = ops.any(place, axis=1)[None, :, None, None]
     return ops.where(written, spread, cache)
+
+
+def _cache_dtype(where: str, dtype: Any) -> str:
+    """A cache dtype: a known floating dtype name (an integer or bool cache would truncate
+    the keys and values written into it)."""
+    try:
+        name = keras.backend.standardize_dtype(dtype)
+    except (ValueError, TypeError, AttributeError) as err:
+        raise ValueError(f"{where}: unknown `dtype` {describe(dtype)}.") from err
+    if name not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{where}: `dtype` must be a floating dtype ({', '.join(FLOAT_DTYPES)}): a "
+            f"cache of dtype {name} would truncate the keys and values; received {dtype!r}."
+        )
+    return name
 
 
 @keras.saving.register_keras_serializable(package="multiattn")
@@ -77,16 +102,20 @@ class MultiHeadAttention(keras.layers.Layer):
         rotary_base: wavelength base of the rotary embedding.
 
     Call arguments:
-        query: ``(batch, queries, E_q)``.
-        value: ``(batch, keys, E_v)``.
-        key: ``(batch, keys, E_k)``, defaults to ``value``.
+        query: ``(batch, queries, E_q)``, floating (integer, bool and complex inputs raise
+            ``TypeError``; Keras casts floating inputs to the compute dtype).
+        value: ``(batch, keys, E_v)``, floating.
+        key: ``(batch, keys, E_k)``, floating, defaults to ``value``.
         mask: bool (True = may attend) or integer (non-zero = may attend), broadcastable
             to ``(batch, queries, keys)`` (the same for every head), or rank 4 broadcastable
             to ``(batch, heads, queries, keys)``.
         valid_lens: ``(batch,)`` or ``(batch, queries)`` lengths of the keys.
         causal: bottom-right aligned causal mask (the last query sees every key).
-        return_weights: also return the weights ``(batch, heads, queries, keys)``.
-        training: enables dropout.
+        return_weights: also return the weights ``(batch, heads, queries, keys)``: a bool
+            (Python or NumPy); anything else (``"False"``, ``2``) raises ``TypeError``.
+        training: enables dropout: a bool (Python or NumPy) or None (Keras' default:
+            the training flag of the enclosing call, else inference); anything else
+            raises ``TypeError``.
         cache: incremental causal self-attention (decoding): the pair
             ``(key_cache, value_cache)`` of ``init_cache``, ``(batch, max_length, H_kv, D)``
             and ``(batch, max_length, H_kv, D_v)``. ``query`` ``(batch, t, E_q)`` holds the
@@ -94,8 +123,15 @@ class MultiHeadAttention(keras.layers.Layer):
             values are written into the cache at ``cache_index`` and each query attends to
             the cached positions up to its own. ``value``, ``key``, ``mask``,
             ``valid_lens`` and ``causal`` must not be given.
-        cache_index: the position of ``query``'s first token: a Python int or an
-            integer scalar tensor (traced under ``jax.jit`` / ``tf.function``).
+        cache_index: the position of ``query``'s first token: an int, a NumPy integer or
+            an integer scalar tensor (bools, floats and non-scalars raise ``TypeError``).
+            A known value (Python and NumPy integers, eager tensors on every backend)
+            must satisfy ``0 <= cache_index`` and ``cache_index + queries <= max_length``
+            (and ``<= rotary_max_length`` with RoPE), else ``ValueError``. A traced index
+            (``jax.jit`` / ``tf.function``) cannot raise when the step runs; if it is out
+            of that range, nothing is written (``new_cache`` equals ``cache``) and the
+            output (and the weights) are NaN: never a write at another position, never
+            a clamped index.
         key_value: cross-attention over keys and values projected once by
             `project_key_value` (the pair it returns); ``value`` and ``key`` must not
             be given. ``mask``/``valid_lens`` refer to those keys.
@@ -107,6 +143,7 @@ class MultiHeadAttention(keras.layers.Layer):
         ``(output, new_cache)`` (``(output, weights, new_cache)`` with
         ``return_weights``), ``new_cache`` the updated pair; decoding a sequence through
         the cache gives the outputs of one ``causal=True`` pass over the whole sequence.
+        The cache must be floating (`init_cache` refuses other dtypes).
     """
 
     def __init__(
@@ -145,15 +182,15 @@ class MultiHeadAttention(keras.layers.Layer):
             raise TypeError(f"{where}: `use_bias` must be a bool; received {use_bias!r}.")
         self.use_bias = use_bias
         self.dropout = check_rate(where, "dropout", dropout)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.seed = seed
-        self.seed_generator = seed_generator(seed)
+        self.kernel_initializer = get_initializer(where, "kernel_initializer", kernel_initializer)
+        self.bias_initializer = get_initializer(where, "bias_initializer", bias_initializer)
+        self.seed = check_layer_seed(where, seed)
+        self.seed_generator = seed_generator(where, seed)
         self.supports_masking = True
         self.rotary_max_length = check_positive_int(
             where, "rotary_max_length", rotary_max_length, allow_none=True
         )
-        self.rotary_base = _check_base(where, rotary_base)
+        self.rotary_base = _check_base(where, rotary_base, "rotary_base")
         self.rotary = None
         if self.rotary_max_length is not None:
             if self.key_dim % 2:
@@ -255,7 +292,7 @@ class MultiHeadAttention(keras.layers.Layer):
             causal=causal,
             scale=1.0 / math.sqrt(self.key_dim),
             dropout=self.dropout,
-            training=bool(training),
+            training=training,
             seed=self.seed_generator,
             return_weights=return_weights,
         )
@@ -263,11 +300,12 @@ class MultiHeadAttention(keras.layers.Layer):
     def init_cache(self, batch_size: int, max_length: int, dtype: str | None = None):
         """An empty self-attention cache: zeros ``(batch_size, max_length, H_kv, D)`` for
         the keys and ``(batch_size, max_length, H_kv, D_v)`` for the values, in ``dtype``
-        (default the compute dtype). Pass it as ``cache`` with ``cache_index=0``."""
+        (default the compute dtype; a floating dtype, since an integer or bool cache would
+        truncate the keys and values). Pass it as ``cache`` with ``cache_index=0``."""
         where = "MultiHeadAttention.init_cache"
         batch_size = check_positive_int(where, "batch_size", batch_size)
         max_length = check_positive_int(where, "max_length", max_length)
-        dtype = dtype or self.compute_dtype
+        dtype = self.compute_dtype if dtype is None else _cache_dtype(where, dtype)
         shape = (batch_size, max_length, self.kv_heads)
         return (
             keras.ops.zeros((*shape, self.key_dim), dtype=dtype),
@@ -288,15 +326,36 @@ class MultiHeadAttention(keras.layers.Layer):
         where = "MultiHeadAttention.project_key_value"
         if not self.built:
             raise ValueError(f"{where}: the layer must be built (called once) first.")
+        self._check_key_value_inputs(where, value, key)
         key = value if key is None else key
-        check_input_width(where, "key", key, self.key_kernel.shape[0])
-        check_input_width(where, "value", value, self.value_kernel.shape[0])
         ops = get_ops(value)
         k = self._project(ops, key, self.key_kernel, self.key_bias)
         v = self._project(ops, value, self.value_kernel, self.value_bias)
         if self.rotary is not None:
+            self._check_rotary_length(where, "key", shape_of(key)[1])
             k = self.rotary(k)
         return k, v
+
+    def _check_key_value_inputs(self, where: str, value: Any, key: Any) -> None:
+        """``value`` (and ``key`` when given) are floating ``(batch, keys, width)`` tensors
+        of the widths the layer was built with; a ``key`` left out is ``value``, and an
+        error about it names ``value``."""
+        check_input_width(where, "value", value, self.value_kernel.shape[0])
+        ops = get_ops(value)
+        check_float(where, "value", value, ops)
+        if key is None:
+            check_input_width(where, "value", value, self.key_kernel.shape[0])
+        else:
+            check_input_width(where, "key", key, self.key_kernel.shape[0])
+            check_float(where, "key", key, ops)
+
+    def _check_rotary_length(self, where: str, name: str, length: int | None) -> None:
+        """Positions ``0 .. length - 1`` of ``name`` must fit the rotary table."""
+        if length is not None and length > self.rotary_max_length:
+            raise ValueError(
+                f"{where}: `{name}` has {length} positions, more than the rotary embedding "
+                f"covers (rotary_max_length={self.rotary_max_length})."
+            )
 
     def _check_kv_pair(self, where: str, name: str, pair: Any, batch: Any) -> tuple[Any, Any]:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
@@ -304,6 +363,12 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"{where}: `{name}` must be a pair (keys, values); received {type(pair).__name__}."
             )
         k, v = pair
+        for label, t in (("keys", k), ("values", v)):
+            if not (hasattr(t, "shape") and hasattr(t, "dtype")):
+                raise TypeError(
+                    f"{where}: the {label} of `{name}` must be a tensor; received {describe(t)}."
+                )
+            check_float(where, name, t, get_ops(t))
         ks, vs = shape_of(k), shape_of(v)
         want_k = (batch, None, self.kv_heads, self.key_dim)
         want_v = (batch, ks[1] if len(ks) == 4 else None, self.kv_heads, self.value_dim)
@@ -331,17 +396,49 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         if cache_index is None:
             raise ValueError(f"{where}: `cache` needs `cache_index` (the first position).")
-        cache_index = check_offset(where, cache_index, qs[1], max_length)
+        if qs[1] > max_length:
+            raise ValueError(
+                f"{where}: `query` holds {qs[1]} tokens, more than the cache holds "
+                f"(max_length={max_length}, `cache` of shape {fmt_shape(shape_of(k_cache))})."
+            )
+        tokens = qs[1]
+        cache_index = check_offset(
+            where, cache_index, tokens, max_length, ops, name="cache_index", limit="max_length"
+        )
+        bound = max_length
+        if self.rotary is not None:
+            bound = min(bound, self.rotary_max_length)
+            if isinstance(cache_index, int):
+                check_offset(
+                    where,
+                    cache_index,
+                    tokens,
+                    self.rotary_max_length,
+                    ops,
+                    name="cache_index",
+                    limit="rotary_max_length",
+                )
+        in_range = None
+        if isinstance(cache_index, int):
+            index = cache_index
+        else:
+            # A traced index cannot raise: out of range, nothing is written and the
+            # outputs are NaN (see `call`).
+            index = ops.cast(cache_index, "int32")
+            in_range = ops.logical_and(
+                ops.greater_equal(index, 0), ops.less_equal(index + tokens, bound)
+            )
         q, k, v = self._project_self(ops, query)
         q, k = self._rotate(q, k, cache_index, cache_index)
-        index = cache_index if isinstance(cache_index, int) else ops.cast(cache_index, "int32")
         # place[j, i]: cache position j receives token i (j == index + i)
         slots = ops.arange(max_length, dtype="int32")[:, None]
-        place = ops.equal(slots, ops.arange(qs[1], dtype="int32")[None, :] + index)
+        place = ops.equal(slots, ops.arange(tokens, dtype="int32")[None, :] + index)
+        if in_range is not None:
+            place = ops.logical_and(place, in_range)
         k_cache = _write(ops, k_cache, k, place)
         v_cache = _write(ops, v_cache, v, place)
         # Query i (position index + i) sees the cached positions j <= index + i.
-        positions = ops.expand_dims(ops.arange(qs[1], dtype="int32") + index, 1)
+        positions = ops.expand_dims(ops.arange(tokens, dtype="int32") + index, 1)
         keep = ops.less_equal(ops.arange(max_length, dtype="int32")[None, :], positions)
         keep = ops.expand_dims(ops.expand_dims(keep, 0), 0)  # (1, 1, t, max_length)
         dtype = self.compute_dtype
@@ -358,6 +455,10 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         heads, weights = result if return_weights else (result, None)
         out = self._output(ops, heads)
+        if in_range is not None:
+            out = ops.where(in_range, out, float("nan"))
+            if weights is not None:
+                weights = ops.where(in_range, weights, float("nan"))
         new_cache = (k_cache, v_cache)
         return (out, weights, new_cache) if return_weights else (out, new_cache)
 
@@ -379,6 +480,9 @@ class MultiHeadAttention(keras.layers.Layer):
         where = "MultiHeadAttention"
         check_input_width(where, "query", query, self.query_kernel.shape[0])
         ops = get_ops(query)
+        check_float(where, "query", query, ops)
+        return_weights = check_flag(where, "return_weights", return_weights, ops)
+        training = check_flag(where, "training", training, ops, allow_none=True)
         if cache is not None:
             given = [
                 n
@@ -410,14 +514,14 @@ class MultiHeadAttention(keras.layers.Layer):
             k, v = ops.cast(k, dtype), ops.cast(v, dtype)
             q = self._project(ops, query, self.query_kernel, self.query_bias)
             if self.rotary is not None:
+                self._check_rotary_length(where, "query", qs[1])
                 q = self.rotary(q)
             ks = shape_of(k)
         else:
             if value is None:
                 raise ValueError(f"{where}: `value` is required (or `key_value`, or `cache`).")
+            self._check_key_value_inputs(where, value, key)
             key = value if key is None else key
-            check_input_width(where, "key", key, self.key_kernel.shape[0])
-            check_input_width(where, "value", value, self.value_kernel.shape[0])
             ks, vs = shape_of(key), shape_of(value)
             if ks[1] is not None and vs[1] is not None and ks[1] != vs[1]:
                 raise ValueError(
@@ -433,6 +537,9 @@ class MultiHeadAttention(keras.layers.Layer):
             q = self._project(ops, query, self.query_kernel, self.query_bias)
             k = self._project(ops, key, self.key_kernel, self.key_bias)
             v = self._project(ops, value, self.value_kernel, self.value_bias)
+            if self.rotary is not None:
+                self._check_rotary_length(where, "query", qs[1])
+                self._check_rotary_length(where, "key", ks[1])
             q, k = self._rotate(q, k)
         keep, lens, causal = self._keep(
             where, ops, (qs[0], self.num_heads, qs[1], ks[1]), mask, valid_lens, causal

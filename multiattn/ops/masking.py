@@ -209,39 +209,68 @@ def combine_keep(
     return keep
 
 
-#: What masked scores are replaced with before the softmax: the lowest finite float32,
-#: exact in float32 and float64 (the dtypes the softmax runs in). Its exponent underflows
-#: to 0 next to any kept score.
+#: What masked scores are replaced with before the backend's softmax on the attention's
+#: explicit path: the lowest finite float32, exact in float32 and float64 (the dtypes the
+#: softmax runs in). Its exponent underflows to 0 next to any kept score.
 MASKED_SCORE = -3.4028234663852886e38
 
 
 def softmax_where(ops: Any, x: Any, keep: Any, *, zero_empty_rows: bool = True) -> Any:
-    """Softmax over the last axis restricted to ``keep`` (bool or None).
+    """Softmax over the last axis restricted to ``keep`` (bool or None, True = may attend).
 
-    Half precision is computed in float32 and cast back. Masked scores are replaced by
-    `MASKED_SCORE` before the backend's own (max-shifted) softmax and the weights outside
-    ``keep`` are then set to exactly 0, so a row with nothing to keep yields zeros. Both
-    replacements are selections: no NaN or Inf reaches the gradient, and masked scores
-    get a zero gradient. A kept score of ``-inf`` gets weight 0 next to a finite kept
-    score. Three passes over the scores (select, softmax, select) whatever the mask.
+    Half precision is computed in float32 and cast back. Without a mask (``keep`` None)
+    this is the backend's softmax, except for rows of a single score (computed as below:
+    weight exactly 1).
 
-    ``zero_empty_rows=False`` skips the second select: masked entries are still exactly
-    0 in every row that keeps something, but a row with nothing to keep comes out
-    uniform. For callers that zero what such rows produce themselves (the attention
-    output, see `multiattn.ops.attention`).
+    With a mask and ``zero_empty_rows`` (the default; `masked_softmax`, `score_attention`
+    and the weights `scaled_dot_product_attention` returns) the softmax is computed here,
+    not by the backend: masked scores are replaced by ``-inf`` (a select), then ``e = exp(x - m)``
+    with ``m`` the row's largest kept score (0 when that is not finite; held constant for
+    differentiation) and ``weights = e / sum(e)`` (``e / 1`` for a row whose sum is 0).
+    Hence, on every backend and CPU, whatever the accuracy of its ``exp``:
+
+    * masked weights are exactly 0 (``exp(-inf)``), whatever the masked scores hold
+      (NaN, ``inf``), and get exactly zero gradient (the select);
+    * a row with a single kept finite score (the others masked or ``-inf``) has weight
+      exactly 1 there (``e / e``); a row with nothing kept is all zeros;
+    * a kept ``-inf`` score gets weight 0; a kept NaN makes its row NaN.
+
+    ``zero_empty_rows=False`` (the explicit attention path, whose caller zeroes the
+    outputs of rows with nothing to keep) takes the backend's fused softmax, which is
+    faster, on the scores with masked entries replaced by `MASKED_SCORE`: masked weights
+    are still exactly 0 (their exponentials underflow; on a namespace whose softmax floors
+    small exponentials, ``softmax_exact_zeros = False`` as on Paddle, by a select after it),
+    but a row with nothing to keep comes out uniform, and a single kept score gets a weight
+    of 1 only as exactly as the backend's softmax divides.
     """
     dtype = ops.dtype_name(x)
     if dtype in HALF_DTYPES:
         x = ops.cast(x, "float32")
-    if keep is None:
+    single = shape_of(x)[-1] == 1  # one score per row: computed here, weight exactly 1
+    if keep is None and not single:
         weights = ops.softmax(x, axis=-1)
+    elif zero_empty_rows or single:
+        weights = _exact_softmax(ops, x, keep)
     else:
         weights = ops.softmax(ops.where(keep, x, MASKED_SCORE), axis=-1)
-        if zero_empty_rows:
+        if not getattr(ops, "softmax_exact_zeros", True):
             weights = ops.where(keep, weights, 0.0)
     if dtype in HALF_DTYPES:
         weights = ops.cast(weights, dtype)
     return weights
+
+
+def _exact_softmax(ops: Any, x: Any, keep: Any) -> Any:
+    """``exp(x - m) / sum`` over the last axis with masked entries exactly 0 (see
+    `softmax_where`)."""
+    if keep is not None:
+        x = ops.where(keep, x, float("-inf"))
+    peak = ops.stop_gradient(ops.max(x, axis=-1, keepdims=True))
+    # A row with nothing kept (or only -inf) has peak -inf: shift by 0, its exponentials
+    # are all exp(-inf) = 0. A kept +inf or NaN score gives NaN, as it should.
+    e = ops.exp(x - ops.where(ops.isfinite(peak), peak, 0.0))
+    total = ops.sum(e, axis=-1, keepdims=True)
+    return e / ops.where(ops.not_equal(total, 0.0), total, 1.0)
 
 
 def masked_softmax(x: Any, valid_lens: Any = None, *, mask: Any = None, axis: int = -1) -> Any:
@@ -259,9 +288,13 @@ def masked_softmax(x: Any, valid_lens: Any = None, *, mask: Any = None, axis: in
         axis: the axis to normalise (the key axis).
 
     Returns:
-        Weights with the shape and dtype of ``x``. Masked positions are exactly 0; rows
-        with no allowed position are all zeros (never NaN, never uniform). float16 and
-        bfloat16 are normalised in float32 and cast back.
+        Weights with the shape and dtype of ``x``. Masked positions are exactly 0, and
+        have no effect on the other weights or on any gradient whatever they hold (NaN,
+        ``inf``); rows with no allowed position are all zeros (never NaN, never uniform).
+        With a mask the softmax is computed by multiattn (``exp(x - max) / sum``), so a
+        row with one allowed finite score (the rest masked or ``-inf``) gets weight
+        exactly 1 there on every backend and CPU. float16 and bfloat16 are normalised in
+        float32 and cast back.
 
     Raises:
         TypeError: non-floating ``x``, float ``mask``, non-numeric ``valid_lens``.

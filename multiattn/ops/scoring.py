@@ -13,6 +13,7 @@ from typing import Any
 from .._checks import (
     HALF_DTYPES,
     as_array,
+    check_default_scale,
     check_float,
     check_rank,
     check_scale,
@@ -76,7 +77,13 @@ def scaled_dot_scores(query: Any, key: Any, scale: float | None = None) -> Any:
     ops, query, key, qs, ks = _query_key(where, query, key)
     _check_same_width(where, qs, ks)
     scale = check_scale(where, scale)
+    check_default_scale(where, query, scale)
     if scale is None:
+        if qs[-1] is None:
+            raise ValueError(
+                f"{where}: the query width must be static to derive the default scale; "
+                f"received `query` of shape {fmt_shape(qs)}."
+            )
         scale = 1.0 / math.sqrt(qs[-1])
     return ops.einsum("...qd,...kd->...qk", query * scale, key)  # scale the smaller operand
 

@@ -8,11 +8,15 @@ functions for every supported module:
 * `set_weights(module, weights)` (a `PortableWeights` or a dict of neutral arrays)
 * `convert(module, to)`: an equivalent module in another framework.
 
-Supported: `multiattn.layers.MultiHeadAttention`, ``TransformerEncoderLayer`` and
-``AdditiveAttention``; ``keras.layers.MultiHeadAttention``;
+Supported: `multiattn.layers.MultiHeadAttention` (grouped heads and rotary position
+embedding included), ``TransformerEncoderLayer`` and ``AdditiveAttention``;
+``keras.layers.MultiHeadAttention`` and ``GroupQueryAttention``;
 ``torch.nn.MultiheadAttention`` and ``TransformerEncoderLayer``;
 ``paddle.nn.MultiHeadAttention`` and ``TransformerEncoderLayer``;
 ``flax.nnx.MultiHeadAttention``; the document adapters' weighted layers.
+
+A grouped or rotary layer's settings are part of the layout; a target that cannot
+represent one refuses it, naming it (see `multiattn.port.layout`).
 
 ``import multiattn.port`` imports no framework: a module's framework is found through
 ``sys.modules``, and the framework code is imported when first needed.

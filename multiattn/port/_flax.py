@@ -1,9 +1,11 @@
 """flax-side handler: ``flax.nnx.MultiHeadAttention`` (imported only when flax.nnx is loaded).
 
 Its parameters already have the neutral layout: ``query``, ``key``, ``value``
-(``LinearGeneral`` kernels ``(in, H, D)``, biases ``(H, D)``) and ``out`` (kernel
-``(H, D, out)``, bias ``(out,)``). One ``in_kv_features`` width serves keys and values,
-and one ``head_dim`` queries, keys and values.
+(``LinearGeneral`` kernels ``(in, H, D)``, biases ``(H, D)``; ``H_kv = num_kv_heads`` heads
+for ``key`` and ``value``) and ``out`` (kernel ``(H, D, out)``, bias ``(out,)``). One
+``in_kv_features`` width serves keys and values, and one ``head_dim`` queries, keys and
+values. Grouped heads match the neutral grouping (flax's attention splits the query heads
+into ``H_kv`` consecutive groups); there is no rotary position embedding.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from .layout import refuse_settings
 
 _PARTS = {"query": "query", "key": "key", "value": "value", "output": "out"}
 
@@ -25,11 +29,16 @@ def kind_of(target: str, module: Any) -> str:
     return "mha"
 
 
+def settings(target: str, module: Any) -> dict:
+    hkv = module.num_kv_heads
+    return {} if hkv in (None, module.num_heads) else {"num_key_value_heads": int(hkv)}
+
+
 def _config(m: Any) -> dict:
-    if m.num_kv_heads not in (None, m.num_heads) or m.normalize_qk or m.decode:
+    if m.normalize_qk or m.decode:
         raise ValueError(
-            "flax.nnx.MultiHeadAttention with grouped key/value heads, normalize_qk or decode "
-            "has no neutral equivalent."
+            "flax.nnx.MultiHeadAttention with normalize_qk or decode has no neutral "
+            f"equivalent; received normalize_qk={m.normalize_qk}, decode={m.decode}."
         )
     return {
         "num_heads": m.num_heads,
@@ -41,6 +50,7 @@ def _config(m: Any) -> dict:
         "output_width": m.out_features,
         "use_bias": bool(m.use_bias),
         "dropout": float(m.dropout_rate),
+        **settings("flax", m),
     }
 
 
@@ -73,6 +83,8 @@ def build(target: str, kind: str, c: dict, options: dict) -> Any:
         raise ValueError(f"convert(to='flax'): unknown option(s) {sorted(options)}.")
     if kind != "mha":
         raise ValueError(f"convert(to='flax'): flax.nnx has no {kind} module.")
+    what = "flax.nnx.MultiHeadAttention"
+    refuse_settings("convert(to='flax')", what, kind, c, grouped=True)
     if c["value_dim"] != c["key_dim"] or c["value_width"] != c["key_width"]:
         raise ValueError(
             "convert(to='flax'): flax.nnx.MultiHeadAttention needs value_dim = key_dim and "
@@ -85,6 +97,7 @@ def build(target: str, kind: str, c: dict, options: dict) -> Any:
         qkv_features=c["num_heads"] * c["key_dim"],
         out_features=c["output_width"],
         in_kv_features=c["key_width"],
+        num_kv_heads=c.get("num_key_value_heads"),
         use_bias=c["use_bias"],
         dropout_rate=c.get("dropout", 0.0),
         decode=False,

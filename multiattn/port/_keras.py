@@ -1,7 +1,11 @@
-"""Keras-side handlers: `multiattn.layers`, ``keras.layers.MultiHeadAttention`` and the
-TensorFlow document adapter (``multiattn.backends.tensorflow``).
+"""Keras-side handlers: `multiattn.layers`, ``keras.layers.MultiHeadAttention`` and
+``GroupQueryAttention``, and the TensorFlow document adapter
+(``multiattn.backends.tensorflow``).
 
 Imported only when Keras is loaded; Keras layers run on the process's Keras backend.
+``to="keras"`` builds ``keras.layers.MultiHeadAttention``, or ``GroupQueryAttention`` for
+weights with grouped key/value heads (it needs ``value_dim = key_dim`` and the output width
+equal to the query width). No Keras layer has rotary position embedding.
 """
 
 from __future__ import annotations
@@ -12,7 +16,12 @@ from typing import Any
 import keras
 import numpy as np
 
-from .layout import encoder_attention_config
+from .layout import (
+    BEHAVIOUR_KEYS,
+    DEFAULT_ROTARY_BASE,
+    encoder_attention_config,
+    refuse_settings,
+)
 from .names import infer_config
 
 _QKV = ("query", "key", "value")
@@ -45,9 +54,23 @@ def _classes(target: str) -> dict[type, str]:
             m.AdditiveAttention: "additive",
         }
     if target == "keras":
-        return {keras.layers.MultiHeadAttention: "mha"}
+        classes = {keras.layers.MultiHeadAttention: "mha"}
+        gqa = _gqa_class()
+        if gqa is not None:
+            classes[gqa] = "mha"
+        return classes
     doc = _tf_doc()
     return {} if doc is None else {doc.MultiHeadAttention: "mha", doc.EncoderLayer: "encoder"}
+
+
+def _gqa_class() -> type | None:
+    """``keras.layers.GroupQueryAttention`` (Keras 3.4 and later), or None."""
+    return getattr(keras.layers, "GroupQueryAttention", None)
+
+
+def _is_gqa(layer: Any) -> bool:
+    gqa = _gqa_class()
+    return gqa is not None and type(layer) is gqa
 
 
 def owns(target: str, module: Any) -> bool:
@@ -69,19 +92,55 @@ def _require_built(module: Any) -> None:
 # --- reading ----------------------------------------------------------------------------
 
 
+def _ma_settings(layer: Any) -> dict:
+    """The settings (see `multiattn.port.layout.SETTING_KEYS`) of a multiattn layer."""
+    out: dict = {}
+    hkv = getattr(layer, "num_key_value_heads", None)
+    if hkv is not None and hkv != layer.num_heads:
+        out["num_key_value_heads"] = int(hkv)
+    if getattr(layer, "rotary_max_length", None) is not None:
+        out["rotary_max_length"] = int(layer.rotary_max_length)
+        out["rotary_base"] = float(layer.rotary_base)
+    return out
+
+
+def _gqa_settings(layer: Any) -> dict:
+    if layer.num_key_value_heads != layer.num_query_heads:
+        return {"num_key_value_heads": int(layer.num_key_value_heads)}
+    return {}
+
+
+def settings(target: str, module: Any) -> dict:
+    """The module's settings, without building or reading it."""
+    if target == "multiattn" and kind_of(target, module) == "mha":
+        return _ma_settings(module)
+    if target == "keras" and _is_gqa(module):
+        return _gqa_settings(module)
+    return {}
+
+
 def _ma_mha(layer: Any) -> tuple[dict, dict]:
     w = {f"{n}/kernel": _np(getattr(layer, f"{n}_kernel")) for n in (*_QKV, "output")}
     if layer.use_bias:
         w.update({f"{n}/bias": _np(getattr(layer, f"{n}_bias")) for n in (*_QKV, "output")})
-    return w, {**infer_config("neutral", "mha", w), "dropout": layer.dropout}
+    config = {**infer_config("neutral", "mha", w), "dropout": layer.dropout}
+    return w, {**config, **_ma_settings(layer)}
 
 
 def _keras_mha(layer: Any) -> tuple[dict, dict]:
+    gqa = _is_gqa(layer)
+    if gqa and (layer.use_gate or layer.sliding_window is not None):
+        raise ValueError(
+            "keras.layers.GroupQueryAttention with use_gate=True or a sliding_window has no "
+            f"neutral equivalent; received use_gate={layer.use_gate}, sliding_window="
+            f"{layer.sliding_window}."
+        )
     dense = {n: getattr(layer, f"_{n}_dense") for n in (*_QKV, "output")}
     w = {f"{n}/kernel": _np(d.kernel) for n, d in dense.items()}
-    if layer._use_bias:
+    if layer.use_bias if gqa else layer._use_bias:
         w.update({f"{n}/bias": _np(d.bias) for n, d in dense.items()})
-    return w, {**infer_config("neutral", "mha", w), "dropout": float(layer._dropout)}
+    dropout = float(layer.dropout if gqa else layer._dropout)
+    return w, {**infer_config("neutral", "mha", w), "dropout": dropout}
 
 
 def _doc_mha(layer: Any) -> tuple[dict, dict]:
@@ -170,8 +229,7 @@ def config_of(target: str, module: Any, arrays: dict) -> dict:
         else:
             _build_from(module, kind, infer_config("neutral", kind, arrays))
     _, config, _ = read(target, module)
-    return {k: v for k, v in config.items() if k not in ("dropout", "norm_first", "epsilon",
-                                                         "activation")}  # fmt: skip
+    return {k: v for k, v in config.items() if k not in BEHAVIOUR_KEYS}
 
 
 def _write_ma_mha(layer: Any, w: dict) -> None:
@@ -229,6 +287,47 @@ def _refuse(target: str, why: str) -> None:
     raise ValueError(f"convert(to={target!r}): {why}")
 
 
+def _build_keras(kind: str, c: dict, dtype: Any) -> Any:
+    target = "keras"
+    if kind != "mha":
+        _refuse(target, f"keras.layers has no {kind} layer; use to='multiattn'.")
+    what = "keras.layers.MultiHeadAttention (and GroupQueryAttention)"
+    refuse_settings(f"convert(to={target!r})", what, kind, c, grouped=True)
+    if "num_key_value_heads" in c:
+        gqa = _gqa_class()
+        if gqa is None:
+            refuse_settings(f"convert(to={target!r})", "this Keras version", kind, c)
+        if c["value_dim"] != c["key_dim"] or c["output_width"] != c["query_width"]:
+            _refuse(
+                target,
+                "keras.layers.GroupQueryAttention (the Keras layer with grouped key/value "
+                "heads) needs value_dim = key_dim and the output width equal to the query "
+                f"width; received num_key_value_heads={c['num_key_value_heads']}, key_dim="
+                f"{c['key_dim']}, value_dim={c['value_dim']}, query width {c['query_width']}, "
+                f"output width {c['output_width']}.",
+            )
+        layer = gqa(
+            head_dim=c["key_dim"],
+            num_query_heads=c["num_heads"],
+            num_key_value_heads=c["num_key_value_heads"],
+            dropout=c.get("dropout", 0.0),
+            use_bias=c["use_bias"],
+            dtype=dtype,
+        )
+    else:
+        layer = keras.layers.MultiHeadAttention(
+            c["num_heads"],
+            c["key_dim"],
+            value_dim=c["value_dim"],
+            dropout=c.get("dropout", 0.0),
+            use_bias=c["use_bias"],
+            output_shape=None if c["output_width"] == c["query_width"] else c["output_width"],
+            dtype=dtype,
+        )
+    _build_from(layer, kind, c)
+    return layer
+
+
 def build(target: str, kind: str, config: dict, options: dict) -> Any:
     dtype = options.pop("dtype", None)
     if options:
@@ -244,6 +343,9 @@ def build(target: str, kind: str, config: dict, options: dict) -> Any:
                 output_dim=None if c["output_width"] == c["query_width"] else c["output_width"],
                 use_bias=c["use_bias"],
                 dropout=c.get("dropout", 0.0),
+                num_key_value_heads=c.get("num_key_value_heads"),
+                rotary_max_length=c.get("rotary_max_length"),
+                rotary_base=c.get("rotary_base", DEFAULT_ROTARY_BASE),
                 dtype=dtype,
             )
         elif kind == "encoder":
@@ -257,22 +359,13 @@ def build(target: str, kind: str, config: dict, options: dict) -> Any:
         _build_from(layer, kind, c)
         return layer
     if target == "keras":
-        if kind != "mha":
-            _refuse(target, f"keras.layers has no {kind} layer; use to='multiattn'.")
-        layer = keras.layers.MultiHeadAttention(
-            c["num_heads"],
-            c["key_dim"],
-            value_dim=c["value_dim"],
-            dropout=c.get("dropout", 0.0),
-            use_bias=c["use_bias"],
-            output_shape=None if c["output_width"] == c["query_width"] else c["output_width"],
-            dtype=dtype,
-        )
-        _build_from(layer, kind, c)
-        return layer
+        return _build_keras(kind, c, dtype)
     doc = _tf_doc()
     if kind == "additive":
         _refuse(target, "the TensorFlow document has no additive attention.")
+    refuse_settings(
+        f"convert(to={target!r})", "the TensorFlow document's MultiHeadAttention", kind, c
+    )
     mha = c if kind == "mha" else encoder_attention_config(c)
     h, d = mha["num_heads"], mha["key_dim"]
     if mha["value_dim"] != d or mha["output_width"] != h * d or not mha["use_bias"]:

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import paddle
 
+from .layout import BEHAVIOUR_KEYS, refuse_settings
 from .names import neutral_to_paddle, paddle_to_neutral
 
-_BEHAVIOUR = ("dropout", "norm_first", "epsilon", "activation")
+_BEHAVIOUR = BEHAVIOUR_KEYS
 _DOC_QKV = (("query", "W_q"), ("key", "W_k"), ("value", "W_v"))
 
 
@@ -34,6 +35,11 @@ def owns(target: str, module: Any) -> bool:
 
 def kind_of(target: str, module: Any) -> str:
     return _classes(target)[type(module)]
+
+
+def settings(target: str, module: Any) -> dict:
+    """paddle.nn modules and the document's layer have no grouped heads and no RoPE."""
+    return {}
 
 
 def _mha_config(m: Any) -> dict:
@@ -152,6 +158,8 @@ def build(target: str, kind: str, c: dict, options: dict) -> Any:
         doc = sys.modules["multiattn.backends.paddle"]
         if kind != "mha":
             raise ValueError(f"convert(to='paddle-doc'): the document has no {kind} layer.")
+        what = "the PaddlePaddle document's MultiHeadAttention"
+        refuse_settings("convert(to='paddle-doc')", what, kind, c)
         same = c["key_width"] == c["query_width"] == c["value_width"]
         if not same or c["value_dim"] != c["key_dim"] or not c["use_bias"]:
             raise ValueError(
@@ -167,6 +175,7 @@ def build(target: str, kind: str, c: dict, options: dict) -> Any:
             query_size, c["query_width"], c["key_dim"], c["output_width"], c["num_heads"]
         )
     elif kind == "mha":
+        refuse_settings("convert(to='paddle')", "paddle.nn.MultiHeadAttention", kind, c)
         if c["key_dim"] * c["num_heads"] != c["query_width"] or c["value_dim"] != c["key_dim"]:
             raise ValueError(
                 "convert(to='paddle'): paddle.nn.MultiHeadAttention needs key_dim = value_dim "

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .layout import BEHAVIOUR_KEYS, refuse_settings
 from .names import neutral_to_torch, torch_to_neutral
 
 _ACTIVATIONS = {1: "relu", 2: "gelu"}
@@ -30,6 +31,11 @@ def owns(target: str, module: Any) -> bool:
 
 def kind_of(target: str, module: Any) -> str:
     return _classes(target)[type(module)]
+
+
+def settings(target: str, module: Any) -> dict:
+    """torch.nn modules have no grouped heads and no rotary position embedding."""
+    return {}
 
 
 def _mha_config(m: Any) -> dict:
@@ -98,15 +104,12 @@ def read(target: str, module: Any) -> tuple[str, dict, dict]:
             "score/kernel": s["w_v.weight"][0].copy(),
         }
         return kind, config, w
-    shape_config = {k: v for k, v in config.items() if k not in _BEHAVIOUR}
+    shape_config = {k: v for k, v in config.items() if k not in BEHAVIOUR_KEYS}
     return kind, config, torch_to_neutral(kind, _state(module), shape_config)
 
 
-_BEHAVIOUR = ("dropout", "norm_first", "epsilon", "activation")
-
-
 def config_of(target: str, module: Any, arrays: dict) -> dict:
-    return {k: v for k, v in _config(target, module).items() if k not in _BEHAVIOUR}
+    return {k: v for k, v in _config(target, module).items() if k not in BEHAVIOUR_KEYS}
 
 
 def write(target: str, module: Any, kind: str, config: dict, w: dict) -> None:
@@ -144,6 +147,7 @@ def build(target: str, kind: str, c: dict, options: dict) -> Any:
         )
         return module if dtype is None else module.to(dtype)
     if kind == "mha":
+        refuse_settings("convert(to='torch')", "torch.nn.MultiheadAttention", kind, c)
         if c["key_dim"] * c["num_heads"] != c["query_width"] or c["value_dim"] != c["key_dim"]:
             raise ValueError(
                 "convert(to='torch'): torch.nn.MultiheadAttention needs key_dim = value_dim = "

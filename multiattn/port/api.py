@@ -10,7 +10,14 @@ import importlib
 import sys
 from typing import Any
 
-from .layout import PortableWeights, check_config, check_weights, expected_shapes
+from .layout import (
+    SETTING_KEYS,
+    PortableWeights,
+    check_config,
+    check_weights,
+    expected_shapes,
+    settings_of,
+)
 
 __all__ = ["TARGETS", "build", "convert", "detect", "get_weights", "set_weights"]
 
@@ -73,22 +80,27 @@ def set_weights(module: Any, weights: PortableWeights | dict) -> Any:
     Args:
         module: a supported module. An unbuilt multiattn/Keras layer is built from the
             weights' shapes first.
-        weights: a `PortableWeights` (its kind must match the module) or a dict of
-            neutral name -> array.
+        weights: a `PortableWeights` (its kind must match the module, and so must its
+            settings: ``num_key_value_heads``, ``rotary_max_length``, ``rotary_base``) or
+            a dict of neutral name -> array (which records no settings: the module's own
+            apply, and the key/value kernels must have its number of key/value heads).
 
     Raises:
         ValueError: a weight is missing or extra, or its shape differs from the module's
-            (the message names the weight, the expected and the received shape).
+            (the message names the weight, the expected and the received shape); the
+            weights' settings differ from the module's (the message names the setting).
     """
     target = detect(module)
     handler = _handler(target)
     kind = handler.kind_of(target, module)
+    where = type(module).__name__
     if isinstance(weights, PortableWeights):
         if weights.kind != kind:
             raise ValueError(
                 f"set_weights: the weights are of kind {weights.kind!r}, the module "
-                f"({type(module).__name__}) of kind {kind!r}."
+                f"({where}) of kind {kind!r}."
             )
+        _check_settings(where, kind, weights.config, handler.settings(target, module))
         arrays = weights.weights
     elif isinstance(weights, dict):
         arrays = weights
@@ -98,9 +110,32 @@ def set_weights(module: Any, weights: PortableWeights | dict) -> Any:
             f"{type(weights).__name__}."
         )
     config = handler.config_of(target, module, arrays)
-    arrays = check_weights(expected_shapes(kind, config), arrays, f"{type(module).__name__}")
+    try:
+        arrays = check_weights(expected_shapes(kind, config), arrays, where)
+    except ValueError as err:
+        if kind != "mha" or not ("'key/" in str(err) or "'value/" in str(err)):
+            raise
+        hkv = config.get("num_key_value_heads", config["num_heads"])
+        raise ValueError(
+            f"{err} (The module has num_heads={config['num_heads']} and num_key_value_heads={hkv}.)"
+        ) from None
     handler.write(target, module, kind, config, arrays)
     return module
+
+
+def _check_settings(where: str, kind: str, config: dict, module_settings: dict) -> None:
+    """The settings of the weights' ``config`` and of the module must be equal."""
+    ours = settings_of(kind, config)
+    for key in SETTING_KEYS.get(kind, ()):
+        if ours.get(key) != module_settings.get(key):
+            default = " (= num_heads)" if key == "num_key_value_heads" else " (no RoPE)"
+            theirs, mine = ours.get(key), module_settings.get(key)
+            raise ValueError(
+                f"set_weights: the weights have {key}={theirs}"
+                f"{default if theirs is None else ''}, the module ({where}) has "
+                f"{key}={mine}{default if mine is None else ''}; build the module with the "
+                "weights' settings (convert() does)."
+            )
 
 
 def build(target: str, kind: str, config: dict, **options: Any) -> Any:

@@ -4,10 +4,10 @@ Weights are a flat ``dict`` of NumPy arrays whose names and shapes follow
 ``keras.layers.MultiHeadAttention`` (heads contiguous, a kernel maps ``(in, ...) -> out``):
 
 ``mha`` (multi-head attention)
-    ``query/kernel (E_q, H, D)``, ``query/bias (H, D)``, ``key/kernel (E_k, H, D)``,
-    ``key/bias (H, D)``, ``value/kernel (E_v, H, Dv)``, ``value/bias (H, Dv)``,
+    ``query/kernel (E_q, H, D)``, ``query/bias (H, D)``, ``key/kernel (E_k, H_kv, D)``,
+    ``key/bias (H_kv, D)``, ``value/kernel (E_v, H_kv, Dv)``, ``value/bias (H_kv, Dv)``,
     ``output/kernel (H, Dv, E_out)``, ``output/bias (E_out,)``; the biases are absent when
-    ``use_bias`` is False.
+    ``use_bias`` is False; ``H_kv`` is ``num_key_value_heads`` (default ``H``).
 
 ``encoder`` (Transformer encoder layer)
     ``attention/<the mha names>`` (with ``D = Dv = d_model / H``, biases present),
@@ -22,6 +22,15 @@ Weights are a flat ``dict`` of NumPy arrays whose names and shapes follow
 The config (`CONFIG_KEYS`) holds what is needed to rebuild the module: the shape keys fix
 every weight's shape, the optional behaviour keys (``dropout``, ``norm_first``, ``epsilon``,
 ``activation``) default to the target framework's own default when absent.
+
+The settings (`SETTING_KEYS`, ``mha`` only) change what the weights compute, so no target may
+drop them: ``num_key_value_heads`` (grouped-query attention: the key and value kernels and
+biases have ``H_kv`` heads, ``H_kv`` dividing ``H``; query head ``h`` uses key/value head
+``h // (H / H_kv)``), ``rotary_max_length`` and ``rotary_base`` (rotary position embedding
+of the projected queries and keys, as `multiattn.layers.MultiHeadAttention` applies it). A
+config holds them only when they are not the default: ``num_key_value_heads`` when it
+differs from ``num_heads``, the two rotary keys together when RoPE is on. A target that
+cannot represent a setting refuses it (`refuse_settings`), naming it.
 """
 
 from __future__ import annotations
@@ -32,13 +41,18 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "BEHAVIOUR_KEYS",
     "CONFIG_KEYS",
     "KINDS",
     "OPTIONAL_KEYS",
+    "SETTING_KEYS",
     "PortableWeights",
     "check_config",
     "check_weights",
     "expected_shapes",
+    "refuse_settings",
+    "settings_of",
+    "structure",
 ]
 
 KINDS = ("mha", "encoder", "additive")
@@ -61,7 +75,12 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
 
 #: Optional behaviour keys of each kind and their types.
 OPTIONAL_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "mha": {"dropout": (int, float)},
+    "mha": {
+        "dropout": (int, float),
+        "num_key_value_heads": (int, np.integer),
+        "rotary_max_length": (int, np.integer),
+        "rotary_base": (int, float, np.integer, np.floating),
+    },
     "encoder": {
         "dropout": (int, float),
         "norm_first": bool,
@@ -70,6 +89,20 @@ OPTIONAL_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
     },
     "additive": {"dropout": (int, float)},
 }
+
+#: Optional keys that record behaviour only: a target that is not given one uses its own
+#: default (see the module docstring).
+BEHAVIOUR_KEYS = ("dropout", "norm_first", "epsilon", "activation")
+
+#: Settings no target may drop: a target that cannot represent one refuses the weights.
+SETTING_KEYS: dict[str, tuple[str, ...]] = {
+    "mha": ("num_key_value_heads", "rotary_max_length", "rotary_base"),
+    "encoder": (),
+    "additive": (),
+}
+
+#: The wavelength base `multiattn.layers.MultiHeadAttention` uses when none is given.
+DEFAULT_ROTARY_BASE = 10000.0
 
 ACTIVATIONS = ("relu", "gelu")
 
@@ -118,30 +151,109 @@ def check_config(kind: str, config: dict) -> dict:
             raise ValueError(
                 f"{kind} config: `activation` must be one of {ACTIVATIONS}; received {value!r}."
             )
-        if key in ("dropout", "epsilon"):
+        if key in ("dropout", "epsilon", "rotary_base"):
             value = float(value)
             if key == "dropout" and not 0.0 <= value < 1.0:
                 raise ValueError(f"{kind} config: `dropout` must be in [0, 1); received {value!r}.")
-            if key == "epsilon" and not value > 0:
-                raise ValueError(f"{kind} config: `epsilon` must be positive; received {value!r}.")
+            if key != "dropout" and not (value > 0 and np.isfinite(value)):
+                raise ValueError(
+                    f"{kind} config: `{key}` must be a positive finite number; received {value!r}."
+                )
+        elif key in ("num_key_value_heads", "rotary_max_length"):
+            if value < 1:
+                raise ValueError(
+                    f"{kind} config: `{key}` must be a positive int; received {value!r}."
+                )
+            value = int(value)
         out[key] = value
     if kind == "encoder" and out["d_model"] % out["num_heads"]:
         raise ValueError(
             f"encoder config: `d_model` ({out['d_model']}) must be divisible by `num_heads` "
             f"({out['num_heads']})."
         )
+    if kind == "mha":
+        _check_settings(out)
     return out
+
+
+def _check_settings(out: dict) -> None:
+    """Check the ``mha`` settings of a config in place and bring them to the canonical form
+    (present only when not the default)."""
+    h, hkv = out["num_heads"], out.get("num_key_value_heads")
+    if hkv is not None:
+        if h % hkv:
+            raise ValueError(
+                f"mha config: `num_key_value_heads` ({hkv}) must divide `num_heads` ({h})."
+            )
+        if hkv == h:
+            del out["num_key_value_heads"]
+    if "rotary_max_length" not in out:
+        if "rotary_base" in out:
+            raise ValueError(
+                f"mha config: `rotary_base` ({out['rotary_base']!r}) is given without "
+                "`rotary_max_length`; rotary position embedding needs both."
+            )
+        return
+    out.setdefault("rotary_base", DEFAULT_ROTARY_BASE)
+    if out["key_dim"] % 2:
+        raise ValueError(
+            "mha config: rotary position embedding (`rotary_max_length`="
+            f"{out['rotary_max_length']}) needs an even `key_dim`; received {out['key_dim']}."
+        )
+
+
+def structure(kind: str, config: dict) -> dict:
+    """``config`` without its behaviour keys: the shape keys and the settings."""
+    return {k: v for k, v in config.items() if k not in BEHAVIOUR_KEYS}
+
+
+def settings_of(kind: str, config: dict) -> dict:
+    """The settings (`SETTING_KEYS`) that ``config`` holds (none: an empty dict)."""
+    return {k: config[k] for k in SETTING_KEYS.get(kind, ()) if k in config}
+
+
+def refuse_settings(
+    where: str,
+    what: str,
+    kind: str,
+    config: dict,
+    *,
+    grouped: bool = False,
+    rotary: bool = False,
+    files: bool = False,
+) -> None:
+    """Raise ValueError naming the first setting of ``config`` that ``what`` (a module or a
+    file layout) cannot represent: grouped key/value heads unless ``grouped``, rotary
+    position embedding unless ``rotary``. The advice names the targets that can (the file
+    formats when ``files``)."""
+    if kind != "mha":
+        return
+    if not grouped and "num_key_value_heads" in config:
+        advice = "the safetensors or keras format" if files else "'multiattn' or 'flax'"
+        raise ValueError(
+            f"{where}: {what} has no grouped key/value heads; received num_key_value_heads="
+            f"{config['num_key_value_heads']} (num_heads={config['num_heads']}). Convert to "
+            f"{advice} instead."
+        )
+    if not rotary and "rotary_max_length" in config:
+        advice = "the safetensors or keras format" if files else "'multiattn'"
+        raise ValueError(
+            f"{where}: {what} has no rotary position embedding; received rotary_max_length="
+            f"{config['rotary_max_length']} (rotary_base={config['rotary_base']!r}). Convert "
+            f"to {advice} instead."
+        )
 
 
 def _mha_shapes(c: dict, prefix: str = "") -> dict[str, tuple[int, ...]]:
     h, d, dv = c["num_heads"], c["key_dim"], c["value_dim"]
+    hkv = c.get("num_key_value_heads", h)
     shapes = {
         "query/kernel": (c["query_width"], h, d),
         "query/bias": (h, d),
-        "key/kernel": (c["key_width"], h, d),
-        "key/bias": (h, d),
-        "value/kernel": (c["value_width"], h, dv),
-        "value/bias": (h, dv),
+        "key/kernel": (c["key_width"], hkv, d),
+        "key/bias": (hkv, d),
+        "value/kernel": (c["value_width"], hkv, dv),
+        "value/bias": (hkv, dv),
         "output/kernel": (h, dv, c["output_width"]),
         "output/bias": (c["output_width"],),
     }

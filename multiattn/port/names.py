@@ -20,9 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from .layout import check_config, check_weights, encoder_attention_config, expected_shapes
+from .layout import (
+    check_config,
+    check_weights,
+    encoder_attention_config,
+    expected_shapes,
+    refuse_settings,
+)
 
 __all__ = [
+    "framework_shapes",
     "infer_config",
     "neutral_to_paddle",
     "neutral_to_torch",
@@ -52,7 +59,10 @@ def torch_packed(config: dict) -> bool:
 
 
 def check_torch_mha(config: dict) -> None:
-    """``torch.nn.MultiheadAttention`` needs ``D = Dv = E / H`` and ``E_out = E_q``."""
+    """``torch.nn.MultiheadAttention`` needs ``D = Dv = E / H`` and ``E_out = E_q``; it has
+    no grouped key/value heads and no rotary position embedding (nor has paddle's)."""
+    what = "torch/paddle MultiHeadAttention"
+    refuse_settings("torch/paddle layout", what, "mha", config, files=True)
     h, e = config["num_heads"], config["query_width"]
     if config["key_dim"] * h != e or config["value_dim"] != config["key_dim"]:
         raise ValueError(
@@ -137,6 +147,17 @@ def _torch_expected(kind: str, c: dict) -> dict[str, tuple[int, ...]]:
         "norm2.weight": (e,),
         "norm2.bias": (e,),
     }
+
+
+def framework_shapes(layout: str, kind: str, config: dict) -> dict[str, tuple[int, ...]]:
+    """The ``torch`` or ``paddle`` ``state_dict`` names and shapes of a ``kind`` module with
+    the neutral ``config`` (ValueError when the layout cannot hold it)."""
+    c = check_config(kind, config)
+    if layout == "torch":
+        return _torch_expected(kind, c)
+    if layout == "paddle":
+        return _paddle_expected(kind, c)
+    raise ValueError(f"`layout` must be torch or paddle; received {layout!r}.")
 
 
 def torch_to_neutral(kind: str, flat: dict, config: dict) -> dict[str, np.ndarray]:
@@ -269,62 +290,95 @@ def _encoder_to(w: dict, c: dict, mha_to: Any, *, transposed: bool) -> dict:
     return out
 
 
-def _shape(flat: dict, name: str, where: str) -> tuple[int, ...]:
+def _shape(
+    flat: dict, name: str, where: str, rank: int, stored: dict[str, str] | None = None
+) -> tuple[int, ...]:
+    """The shape of anchor tensor ``name`` (anything with a ``shape``: arrays, or the shape
+    records of a file not read yet), which must have ``rank`` axes. ``stored`` maps the name
+    to the one in the file, for messages."""
+    label = (
+        repr(name) if not stored or name not in stored else f"{name!r} (stored as {stored[name]!r})"
+    )
     if name not in flat:
         raise ValueError(
-            f"{where}: missing tensor {name!r} (needed to read the module's sizes; names that "
+            f"{where}: missing tensor {label} (needed to read the module's sizes; names that "
             "carry a parent module's prefix need --prefix)."
         )
-    return tuple(int(d) for d in np.shape(flat[name]))
+    shape = tuple(int(d) for d in np.shape(flat[name]))
+    if len(shape) != rank or not all(d >= 1 for d in shape):
+        raise ValueError(
+            f"{where}: tensor {label} must have {rank} non-empty axes; received shape {shape}."
+        )
+    return shape
 
 
-def infer_config(layout: str, kind: str, flat: dict, num_heads: int | None = None) -> dict:
+def infer_config(
+    layout: str,
+    kind: str,
+    flat: dict,
+    num_heads: int | None = None,
+    stored: dict[str, str] | None = None,
+) -> dict:
     """The shape config of ``flat`` (names of ``layout``: ``neutral``, ``torch`` or
     ``paddle``). The torch and paddle layouts do not show the number of heads: pass
-    ``num_heads``. Only a few anchor tensors are read; check the rest with
-    `check_weights` against the config."""
+    ``num_heads``. Only a few anchor tensors are looked at (their shapes only: ``flat`` may
+    map names to anything with a ``shape``); check the rest with `check_weights` against
+    the config. A neutral ``mha`` whose key kernel has fewer heads than the query kernel
+    gets ``num_key_value_heads``. ``stored`` (neutral name -> name in the file) is used in
+    messages."""
     where = f"{layout} {kind} weights"
     if layout == "neutral":
         if kind == "mha":
-            e_q, h, d = _shape(flat, "query/kernel", where)
-            e_v, _, dv = _shape(flat, "value/kernel", where)
-            return {
+            e_q, h, d = _shape(flat, "query/kernel", where, 3, stored)
+            e_k, hkv, _ = _shape(flat, "key/kernel", where, 3, stored)
+            e_v, _, dv = _shape(flat, "value/kernel", where, 3, stored)
+            config = {
                 "num_heads": h,
                 "key_dim": d,
                 "value_dim": dv,
                 "query_width": e_q,
-                "key_width": _shape(flat, "key/kernel", where)[0],
+                "key_width": e_k,
                 "value_width": e_v,
-                "output_width": _shape(flat, "output/kernel", where)[-1],
+                "output_width": _shape(flat, "output/kernel", where, 3, stored)[-1],
                 "use_bias": "query/bias" in flat,
             }
+            if hkv != h:
+                config["num_key_value_heads"] = hkv
+            return config
         if kind == "encoder":
-            e, h, _ = _shape(flat, "attention/query/kernel", where)
-            return {"d_model": e, "num_heads": h, "dff": _shape(flat, "ffn_1/kernel", where)[1]}
-        q, u = _shape(flat, "query/kernel", where)
-        return {"units": u, "query_width": q, "key_width": _shape(flat, "key/kernel", where)[0]}
+            e, h, _ = _shape(flat, "attention/query/kernel", where, 3, stored)
+            f = _shape(flat, "ffn_1/kernel", where, 2, stored)[1]
+            return {"d_model": e, "num_heads": h, "dff": f}
+        if kind != "additive":
+            raise ValueError(f"neutral layout: no module for kind {kind!r}.")
+        q, u = _shape(flat, "query/kernel", where, 2, stored)
+        k = _shape(flat, "key/kernel", where, 2, stored)[0]
+        return {"units": u, "query_width": q, "key_width": k}
     if layout not in ("torch", "paddle"):
         raise ValueError(f"`layout` must be neutral, torch or paddle; received {layout!r}.")
     if num_heads is None:
         raise ValueError(f"{where}: the number of heads is not stored in this layout; pass it.")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
+        raise ValueError(f"{where}: `num_heads` must be a positive int; received {num_heads!r}.")
+    num_heads = int(num_heads)
     if kind == "encoder":
-        e = _shape(flat, "norm1.weight", where)[0]
-        f = _shape(flat, "linear1.bias", where)[0]
+        e = _shape(flat, "norm1.weight", where, 1)[0]
+        f = _shape(flat, "linear1.bias", where, 1)[0]
         return {"d_model": e, "num_heads": num_heads, "dff": f}
     if kind != "mha":
         raise ValueError(f"{layout} layout: no module for kind {kind!r}.")
     if layout == "torch":
-        e = _shape(flat, "out_proj.weight", where)[0]
+        e = _shape(flat, "out_proj.weight", where, 2)[0]
         if "in_proj_weight" in flat:
             kdim = vdim = e
         else:
-            kdim = _shape(flat, "k_proj_weight", where)[1]
-            vdim = _shape(flat, "v_proj_weight", where)[1]
+            kdim = _shape(flat, "k_proj_weight", where, 2)[1]
+            vdim = _shape(flat, "v_proj_weight", where, 2)[1]
         bias = "in_proj_bias" in flat
     else:
-        e = _shape(flat, "q_proj.weight", where)[1]
-        kdim = _shape(flat, "k_proj.weight", where)[0]
-        vdim = _shape(flat, "v_proj.weight", where)[0]
+        e = _shape(flat, "q_proj.weight", where, 2)[1]
+        kdim = _shape(flat, "k_proj.weight", where, 2)[0]
+        vdim = _shape(flat, "v_proj.weight", where, 2)[0]
         bias = "q_proj.bias" in flat
     if e % num_heads:
         raise ValueError(f"{where}: width {e} is not divisible by num_heads={num_heads}.")

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 from _support import BACKEND, DTYPES, LAYER_TOL, assert_close, cast, rounded, to_np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from multiattn import layers, ops
@@ -144,6 +144,9 @@ def gqa_case(draw):
 
 @SETTINGS
 @given(gqa_case())
+@example((1, 1, 1, 1, 1, 1, False, 0))  # one query, one key, one head of width 1
+@example((2, 1, 6, 3, 1, 4, True, 1))  # one query (a decoding step), multi-query
+@example((1, 5, 1, 2, 2, 1, True, 2))  # one key
 def test_grouped_query_shapes_property(case):
     b, tq, tk, h, kv, d, causal, seed = case
     rng = np.random.default_rng(seed)
@@ -425,3 +428,303 @@ def test_bad_arguments_raise_with_names():
         dec(x, ctx, context_key_value=dec.precompute_context(ctx))
     with pytest.raises(ValueError, match="divisible"):
         layers.TransformerDecoderLayer(6, 4, 8)
+
+
+# --- cache indices and offsets: every integer kind, eagerly checked; traced ones safe -------
+
+INDEX_KINDS = ("int", "np.int64", "np.int32", "tensor_int32", "tensor_int64")
+
+
+def as_index(value, kind):
+    """``value`` as a Python int, a NumPy integer or an eager integer scalar tensor."""
+    if kind == "int":
+        return int(value)
+    if kind.startswith("np."):
+        return getattr(np, kind[3:])(value)
+    return keras.ops.convert_to_tensor(np.array(value, kind.split("_")[1]))
+
+
+@st.composite
+def cache_case(draw):
+    """A cache of ``length`` slots, ``tokens`` tokens written at ``index`` given as one of
+    the integer kinds; edge shapes come first (see the examples of the test)."""
+    length = draw(st.integers(1, 6))
+    tokens = draw(st.integers(1, length))
+    index = draw(st.integers(0, length - tokens))
+    return length, tokens, index, draw(st.sampled_from(INDEX_KINDS))
+
+
+@SETTINGS
+@given(cache_case())
+@example((1, 1, 0, "int"))  # a cache of one slot, one token
+@example((5, 1, 4, "np.int64"))  # the last slot, a NumPy index
+@example((5, 1, 4, "tensor_int64"))  # the last slot, an eager tensor index
+@example((4, 2, 2, "tensor_int32"))  # a prompt that ends at the last slot
+@example((3, 3, 0, "np.int32"))  # a prompt that fills the cache
+def test_cache_index_of_every_integer_kind_matches_the_full_pass(case):
+    length, tokens, index, kind = case
+    layer = _mha_for_cache(2, True)
+    x = rounded(RNG.standard_normal((2, index + tokens, 8)), "float32")
+    xt = cast(x, "float32")
+    want, _ = ref.multi_head_attention(
+        x, x, weights=mha_weights(layer), causal=True, rotary_base=10000.0
+    )
+    want = want[:, index:]
+    cache = layer.init_cache(2, length)
+    if index:
+        _, cache = layer(xt[:, :index], cache=cache, cache_index=0)
+    got, cache = layer(xt[:, index:], cache=cache, cache_index=as_index(index, kind))
+    assert_close(got, want, "float32", LAYER_TOL)
+    written = np.abs(to_np(cache[0])).sum(axis=(0, 2, 3)) > 0
+    assert written[: index + tokens].all() and not written[index + tokens :].any()
+
+
+@pytest.mark.parametrize("kind", INDEX_KINDS)
+@pytest.mark.parametrize("index,tokens", [(-1, 1), (4, 1), (3, 2), (9, 1)])
+def test_cache_index_out_of_range_raises_for_every_integer_kind(kind, index, tokens):
+    """A negative index or one whose tokens pass the end of the cache (length 4) raises,
+    whether it is an int, a NumPy integer or an eager tensor; the decoder layer too."""
+    layer = _mha_for_cache(2, False)
+    x = cast(np.zeros((2, tokens, 8)), "float32")
+    with pytest.raises(ValueError, match="cache_index") as info:
+        layer(x, cache=layer.init_cache(2, 4), cache_index=as_index(index, kind))
+    if index >= 0:
+        assert "max_length=4" in str(info.value)
+    dec = _decoder(False, 2, False)
+    with pytest.raises(ValueError, match="cache_index"):
+        dec(
+            x,
+            x,
+            cache=dec.init_cache(2, 4),
+            cache_index=as_index(index, kind),
+        )
+
+
+@pytest.mark.parametrize("kind", INDEX_KINDS)
+def test_cache_index_past_the_rotary_table_raises(kind):
+    """The cache (8 slots) is longer than the rotary table (6 positions): an index the
+    cache holds but RoPE does not cover names `rotary_max_length`."""
+    layer = layers.MultiHeadAttention(2, 4, rotary_max_length=6)
+    layer.build((2, None, 8), (2, None, 8))
+    x = cast(np.zeros((2, 1, 8)), "float32")
+    cache = layer.init_cache(2, 8)
+    layer(x, cache=cache, cache_index=as_index(5, kind))  # the last rotary position
+    with pytest.raises(ValueError, match="rotary_max_length=6"):
+        layer(x, cache=cache, cache_index=as_index(6, kind))
+
+
+@pytest.mark.parametrize(
+    "index,error",
+    [
+        (1.0, TypeError),
+        (float("nan"), TypeError),
+        (True, TypeError),
+        (np.bool_(True), TypeError),
+        ("2", TypeError),
+        ("float_tensor", TypeError),
+        ("vector_tensor", TypeError),
+    ],
+    ids=["float", "nan", "bool", "np.bool", "string", "float_tensor", "vector_tensor"],
+)
+def test_cache_index_of_a_wrong_type_raises_type_error(index, error):
+    layer = _mha_for_cache(2, False)
+    if index == "float_tensor":
+        index = keras.ops.convert_to_tensor(1.0)
+    elif index == "vector_tensor":
+        index = keras.ops.convert_to_tensor(np.array([1, 2], "int32"))
+    x = cast(np.zeros((2, 1, 8)), "float32")
+    with pytest.raises(error, match="cache_index"):
+        layer(x, cache=layer.init_cache(2, 4), cache_index=index)
+
+
+def test_one_token_causal_full_pass():
+    """A target of one token through the full causal pass (the first decoding step, or a
+    decoder called on length 1) equals the oracle."""
+    layer = _mha_for_cache(2, True)
+    x = rounded(RNG.standard_normal((2, 1, 8)), "float32")
+    want, _ = ref.multi_head_attention(
+        x, x, weights=mha_weights(layer), causal=True, rotary_base=10000.0
+    )
+    assert_close(
+        layer(cast(x, "float32"), cast(x, "float32"), causal=True), want, "float32", LAYER_TOL
+    )
+
+
+def test_query_longer_than_the_cache_names_query():
+    layer = _mha_for_cache(2, False)
+    with pytest.raises(ValueError, match="`query` holds 5 tokens"):
+        layer(cast(np.zeros((2, 5, 8)), "float32"), cache=layer.init_cache(2, 4), cache_index=0)
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="no compiler: indices are eager")
+@pytest.mark.parametrize("index", [-1, 6, 7, 8, 20])
+def test_traced_cache_index_out_of_range_writes_nothing_and_returns_nan(index):
+    """Under jax.jit / tf.function the index has no value when the step is traced, so it
+    cannot raise: out of range (negative, past the cache of 8 slots or past the rotary
+    table of 6 positions), the step writes nothing and returns NaN outputs and weights;
+    never a write at another slot, never a clamped index."""
+    layer = layers.MultiHeadAttention(2, 4, rotary_max_length=6)
+    layer.build((2, None, 8), (2, None, 8))
+    randomise(layer)
+    x = cast(RNG.standard_normal((2, 1, 8)), "float32")
+    step = compiled(lambda t, c, i: layer(t, cache=c, cache_index=i, return_weights=True))
+    cache = layer.init_cache(2, 8)
+    _, cache = layer(x, cache=cache, cache_index=0)  # slot 0 holds a token
+    before = [to_np(c) for c in cache]
+    out, weights, new = step(x, cache, keras.ops.convert_to_tensor(index, "int32"))
+    assert np.isnan(to_np(out)).all() and np.isnan(to_np(weights)).all()
+    for old, got in zip(before, new):
+        np.testing.assert_array_equal(to_np(got), old)
+    # the same compiled step with an index in range is the eager step
+    out, _, _ = step(x, cache, keras.ops.convert_to_tensor(5, "int32"))
+    want, _, _ = layer(x, cache=cache, cache_index=5, return_weights=True)
+    assert_close(out, to_np(want), "float32")
+
+
+@pytest.mark.parametrize("kind", INDEX_KINDS)
+@pytest.mark.parametrize("offset", [-1, 6])
+def test_position_offset_out_of_range_raises_for_every_integer_kind(kind, offset):
+    """RotaryEmbedding and PositionEmbedding with 8 positions and 3 tokens: offset 6 needs
+    positions 6..8. Eager tensors and NumPy integers are checked as ints are (before,
+    JAX clamped them silently and the other backends failed with their own errors)."""
+    x = cast(np.zeros((2, 3, 2, 4)), "float32")
+    with pytest.raises(ValueError, match="`offset`"):
+        layers.RotaryEmbedding(8)(x, offset=as_index(offset, kind))
+    with pytest.raises(ValueError, match="`offset`"):
+        layers.PositionEmbedding(8)(
+            cast(np.zeros((2, 3, 4)), "float32"), offset=as_index(offset, kind)
+        )
+
+
+@pytest.mark.parametrize("kind", INDEX_KINDS)
+def test_position_offset_at_the_last_rows_matches_int(kind):
+    x = cast(RNG.standard_normal((2, 3, 2, 4)), "float32")
+    rot = layers.RotaryEmbedding(8)
+    np.testing.assert_array_equal(to_np(rot(x, offset=as_index(5, kind))), to_np(rot(x, offset=5)))
+    want = ref.rotary_embedding(to_np(x).transpose(0, 2, 1, 3), 5 + np.arange(3))
+    assert_close(rot(x, offset=as_index(5, kind)), want.transpose(0, 2, 1, 3), "float32")
+    pe = layers.PositionEmbedding(8)
+    y = cast(RNG.standard_normal((2, 3, 4)), "float32")
+    pe(y)
+    table = to_np(pe.embeddings).astype(np.float32)
+    got = to_np(pe(y, offset=as_index(5, kind)))
+    np.testing.assert_array_equal(got, to_np(y).astype(np.float32) + table[5:8])
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="no compiler: offsets are eager")
+def test_traced_position_offset_past_the_table_is_nan_not_clamped():
+    """A traced offset cannot raise: rows of positions outside the table are NaN (JAX's
+    dynamic slice clamped them to the last rows before), rows inside are exact."""
+    x = cast(RNG.standard_normal((2, 3, 2, 4)), "float32")
+    rot = layers.RotaryEmbedding(8)
+    run = compiled(lambda t, i: rot(t, offset=i))
+    for offset, inside in [(5, [True] * 3), (6, [True, True, False]), (-1, [False, True, True])]:
+        got = to_np(run(x, keras.ops.convert_to_tensor(offset, "int32")))
+        assert (~np.isnan(got).any(axis=(0, 2, 3)) == np.array(inside)).all(), offset
+        assert np.isnan(got[:, ~np.array(inside)]).all()
+        positions = offset + np.arange(3)
+        want = ref.rotary_embedding(to_np(x).transpose(0, 2, 1, 3), positions).transpose(0, 2, 1, 3)
+        assert_close(got[:, inside], want[:, inside], "float32")
+    pe = layers.PositionEmbedding(4)
+    y = cast(RNG.standard_normal((2, 2, 4)), "float32")
+    pe(y)
+    run = compiled(lambda t, i: pe(t, offset=i))
+    got = to_np(run(y, keras.ops.convert_to_tensor(3, "int32")))
+    assert not np.isnan(got[:, 0]).any() and np.isnan(got[:, 1]).all()
+
+
+@pytest.mark.parametrize(
+    "offset", [1.5, True, "1", "float_tensor", "vector_tensor"], ids=lambda o: str(o)
+)
+def test_position_offset_of_a_wrong_type_raises_type_error(offset):
+    if offset == "float_tensor":
+        offset = keras.ops.convert_to_tensor(1.0)
+    elif offset == "vector_tensor":
+        offset = keras.ops.convert_to_tensor(np.array([1, 2], "int32"))
+    with pytest.raises(TypeError, match="`offset`"):
+        layers.RotaryEmbedding(8)(cast(np.zeros((1, 2, 1, 4)), "float32"), offset=offset)
+    with pytest.raises(TypeError, match="`offset`"):
+        ops.rotary_embedding(cast(np.zeros((1, 2, 1, 4)), "float32"), offset=offset)
+
+
+# --- cache dtypes ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "bool", "uint8"])
+def test_init_cache_refuses_non_float_dtypes(dtype):
+    """An integer or bool cache would truncate the keys and values written into it."""
+    layer = _mha_for_cache(2, False)
+    with pytest.raises(TypeError, match="`dtype`"):
+        layer.init_cache(2, 4, dtype=dtype)
+    with pytest.raises(TypeError, match="`dtype`"):
+        _decoder(False, 2, False).init_cache(2, 4, dtype=dtype)
+    cache = tuple(keras.ops.zeros((2, 4, 2, 4), dtype=dtype) for _ in range(2))
+    with pytest.raises(TypeError, match="`cache`"):
+        layer(cast(np.zeros((2, 1, 8)), "float32"), cache=cache, cache_index=0)
+
+
+def test_init_cache_names_an_unknown_dtype_and_keeps_float_ones():
+    layer = _mha_for_cache(2, False)
+    with pytest.raises(ValueError, match="`dtype`"):
+        layer.init_cache(2, 4, dtype="nope")
+    for dtype in (*FAST_DTYPES, "float16"):
+        cache = layer.init_cache(2, 4, dtype=dtype)
+        assert keras.backend.standardize_dtype(cache[0].dtype) == dtype
+
+
+# --- rotary_embedding: NumPy input, only the rows needed ---------------------------------------
+
+
+def test_rotary_embedding_takes_numpy_arrays_and_lists():
+    """NumPy input is documented (it failed on torch, mixing NumPy and torch tensors)."""
+    x = RNG.standard_normal((2, 3, 2, 4)).astype(np.float32)
+    want = to_np(ops.rotary_embedding(cast(x, "float32"), offset=2))
+    np.testing.assert_array_equal(to_np(ops.rotary_embedding(x, offset=2)), want)
+    from_list = ops.rotary_embedding(x.tolist(), offset=2)  # Python floats: float64
+    assert_close(from_list, want, "float32")
+    got = ops.rotary_embedding(x, offset=np.int64(2))
+    np.testing.assert_array_equal(to_np(got), want)
+    got = ops.rotary_embedding(x, offset=keras.ops.convert_to_tensor(2))
+    np.testing.assert_array_equal(to_np(got), want)
+
+
+def test_rotary_embedding_huge_offset_computes_only_the_rows_needed(monkeypatch):
+    """offset 10**8 for 5 tokens built the whole 10**8-row table (13 s, 5 GB); the angles
+    of the 5 positions are now computed from the frequencies directly."""
+    import tracemalloc
+
+    import multiattn.ops.rotary as rotary_ops
+
+    def whole_table(*args, **kwargs):
+        raise AssertionError("rotary_embedding built a whole table")
+
+    monkeypatch.setattr(rotary_ops, "rotary_table", whole_table)
+    x = rounded(RNG.standard_normal((1, 5, 2, 8)), "float32")
+    xt = cast(x, "float32")
+    tracemalloc.start()
+    try:
+        got = ops.rotary_embedding(xt, offset=10**8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"peak NumPy/Python memory {peak} bytes"
+    want = ref.rotary_embedding(x.transpose(0, 2, 1, 3), 10**8 + np.arange(5))
+    assert_close(got, want.transpose(0, 2, 1, 3), "float32")
+
+
+def test_rotary_layer_concrete_offset_builds_no_table():
+    """The layer with a known offset computes its rows directly too: a table of 10**8
+    positions is never built."""
+    import tracemalloc
+
+    layer = layers.RotaryEmbedding(10**8)
+    x = rounded(RNG.standard_normal((1, 4, 1, 6)), "float32")
+    tracemalloc.start()
+    try:
+        got = layer(cast(x, "float32"), offset=10**8 - 4)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"peak NumPy/Python memory {peak} bytes"
+    want = ref.rotary_embedding(x.transpose(0, 2, 1, 3), 10**8 - 4 + np.arange(4))
+    assert_close(got, want.transpose(0, 2, 1, 3), "float32")

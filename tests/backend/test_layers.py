@@ -226,3 +226,60 @@ def test_self_attention_one_input_matches_oracle(use_bias):
     want, _ = ref.multi_head_attention(x, x, weights=mha_weights(layer), causal=True)
     assert_close(fused, want, "float32")
     assert_close(separate, want, "float32")
+
+
+# --- what the layers accept (issue 13) ---------------------------------------------------------
+
+
+def _layer_calls(dtype):
+    """name -> a call of the layer on inputs of ``dtype`` (the other inputs float32)."""
+    x = keras.ops.convert_to_tensor(np.ones((2, 3, 8), dtype))
+    f = cast(np.ones((2, 3, 8)), "float32")
+    x4 = keras.ops.convert_to_tensor(np.ones((2, 3, 2, 4), dtype))
+    return {
+        "MultiHeadAttention": lambda: layers.MultiHeadAttention(2, 4)(x, f),
+        "MultiHeadAttention_value": lambda: layers.MultiHeadAttention(2, 4)(f, x),
+        "DotProductAttention": lambda: layers.DotProductAttention()(x, f),
+        "AdditiveAttention": lambda: layers.AdditiveAttention(4)(x, f),
+        "TransformerEncoderLayer": lambda: layers.TransformerEncoderLayer(8, 2, 16)(x),
+        "TransformerDecoderLayer": lambda: layers.TransformerDecoderLayer(8, 2, 16)(x, f),
+        "TransformerDecoderLayer_context": lambda: layers.TransformerDecoderLayer(8, 2, 16)(f, x),
+        "PositionalEncoding": lambda: layers.PositionalEncoding(8)(x),
+        "PositionEmbedding": lambda: layers.PositionEmbedding(8)(x),
+        "RotaryEmbedding": lambda: layers.RotaryEmbedding(8)(x4),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "bool", "complex64"])
+@pytest.mark.parametrize("layer", sorted(_layer_calls("float32")))
+def test_integer_bool_and_complex_inputs_raise_type_error(layer, dtype):
+    """These were computed (complex on JAX, integers on numpy and JAX, cast on the fly) or
+    failed inside the backend; the layers take floating inputs."""
+    with pytest.raises(TypeError, match="must be a floating tensor"):
+        _layer_calls(dtype)[layer]()
+
+
+@pytest.mark.parametrize("layer", sorted(_layer_calls("float32")))
+def test_float_inputs_still_accepted(layer):
+    """The counterpart of the test above: the same calls with float32 inputs run."""
+    out = _layer_calls("float32")[layer]()
+    assert np.isfinite(to_np(out[0] if isinstance(out, tuple) else out)).all()
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="no compiler here")
+def test_traced_training_flag_raises_type_error():
+    """A bool tensor without a value cannot choose between dropout and none: under
+    jax.jit / tf.function the layers ask for a Python bool (Keras' loops pass one)."""
+    layer = layers.MultiHeadAttention(2, 4, dropout=0.5)
+    x = cast(np.ones((2, 3, 8)), "float32")
+    layer(x, x)
+    if BACKEND == "jax":
+        import jax
+
+        run = jax.jit(lambda t, flag: layer(t, t, training=flag))
+    else:
+        import tensorflow as tf
+
+        run = tf.function(lambda t, flag: layer(t, t, training=flag))
+    with pytest.raises(TypeError, match="`training` must be a Python bool"):
+        run(x, keras.ops.convert_to_tensor(True))

@@ -313,3 +313,175 @@ def test_flax_mha(backend, use_bias, to):
         b = to_np(other(q, v, k))
     compare(f"flax-{to} mha bias={use_bias}", a, b, PAIR_RTOL)
     compare(f"flax-oracle mha bias={use_bias}", a, oracle_mha(w, q, v, k), ORACLE_RTOL)
+
+
+# --- grouped key/value heads and rotary position embedding (every backend) -------------
+
+GROUPED_CASE = dict(num_heads=4, key_dim=2, num_key_value_heads=2)
+ROTARY_CASE = dict(num_heads=2, key_dim=4, rotary_max_length=16, rotary_base=500.0)
+
+
+def _oracle_settings(weights: dict, q, v, k=None, rotary_base=None) -> np.ndarray:
+    """The float64 oracle with grouped heads (read from the kernels) and RoPE."""
+    from _port_oracle import _mha_ref
+
+    from multiattn import reference
+
+    out, _ = reference.multi_head_attention(q, v, k, weights=_mha_ref(weights),
+                                            rotary_base=rotary_base)  # fmt: skip
+    return out
+
+
+def _settings_layer(case: dict, widths: tuple, seed: int) -> MultiHeadAttention:
+    layer = MultiHeadAttention(**case)
+    config = _neutral_config(layer, *widths)
+    if "num_key_value_heads" in case:
+        config["num_key_value_heads"] = case["num_key_value_heads"]
+    port.set_weights(layer, random_weights("mha", config, seed=seed))
+    return layer
+
+
+def test_grouped_round_trip_through_the_layout(backend):
+    """A grouped layer's weights, config and outputs survive get_weights / convert /
+    set_weights exactly; the key/value kernels have H_kv heads."""
+    layer = _settings_layer(dict(GROUPED_CASE, value_dim=3, output_dim=5), (6, 7, 8), seed=31)
+    source = port.get_weights(layer)
+    assert source.config["num_key_value_heads"] == 2 and source.config["num_heads"] == 4
+    assert source.weights["key/kernel"].shape == (7, 2, 2)
+    assert source.weights["value/bias"].shape == (2, 3)
+    other = port.convert(layer, "multiattn")
+    assert other.num_key_value_heads == 2
+    assert_same_weights(port.get_weights(other), source)
+    fresh = MultiHeadAttention(4, 2, value_dim=3, output_dim=5, num_key_value_heads=2)
+    port.set_weights(fresh, source)  # unbuilt: built from the weights' shapes
+    q, k, v = inputs((2, 3, 6), (2, 5, 7), (2, 5, 8), seed=5)
+    a = to_np(layer(q, v, k))
+    assert np.array_equal(a, to_np(other(q, v, k))) and np.array_equal(a, to_np(fresh(q, v, k)))
+    compare(f"grouped multiattn-oracle [{BACKEND}]", a, _oracle_settings(source.weights, q, v, k),
+            ORACLE_RTOL)  # fmt: skip
+
+
+def test_rotary_round_trip_through_the_layout(backend):
+    layer = _settings_layer(ROTARY_CASE, (8, 8, 8), seed=32)
+    source = port.get_weights(layer)
+    assert source.config["rotary_max_length"] == 16 and source.config["rotary_base"] == 500.0
+    other = port.convert(layer, "multiattn")
+    assert other.rotary_max_length == 16 and other.rotary_base == 500.0
+    assert_same_weights(port.get_weights(other), source)
+    q, kv = inputs((2, 5, 8), (2, 7, 8), seed=6)
+    a = to_np(layer(q, kv))
+    assert np.array_equal(a, to_np(other(q, kv)))
+    want = _oracle_settings(source.weights, q, kv, rotary_base=500.0)
+    compare(f"rotary multiattn-oracle [{BACKEND}]", a, want, ORACLE_RTOL)
+    # without the rotation the outputs differ: the setting matters
+    assert not np.allclose(want, _oracle_settings(source.weights, q, kv), rtol=1e-3, atol=0)
+
+
+def test_grouped_to_keras_group_query_attention(backend):
+    """Keras' own layer with grouped heads is GroupQueryAttention (value_dim = key_dim,
+    output width = query width)."""
+    layer = _settings_layer(GROUPED_CASE, (8, 5, 6), seed=33)
+    source = port.get_weights(layer)
+    other = port.convert(layer, "keras")
+    assert type(other) is keras.layers.GroupQueryAttention
+    assert other.num_key_value_heads == 2 and other.num_query_heads == 4
+    assert port.get_weights(other).config == source.config
+    back = port.convert(other, "multiattn")
+    assert back.num_key_value_heads == 2
+    assert_same_weights(port.get_weights(back), source)
+    q, k, v = inputs((2, 3, 8), (2, 4, 5), (2, 4, 6), seed=7)
+    a = to_np(layer(q, v, k))
+    compare(f"grouped multiattn-keras GQA [{BACKEND}]", a, to_np(other(q, v, k)), PAIR_RTOL)
+    compare(f"grouped keras GQA-oracle [{BACKEND}]", to_np(other(q, v, k)),
+            _oracle_settings(source.weights, q, v, k), ORACLE_RTOL)  # fmt: skip
+
+
+def test_settings_refusals(backend):
+    rotary = _settings_layer(ROTARY_CASE, (8, 8, 8), seed=34)
+    with pytest.raises(ValueError, match=r"convert\(to='keras'\): .* no rotary position "
+                                         r"embedding; received rotary_max_length=16"):  # fmt: skip
+        port.convert(rotary, "keras")
+    wide = _settings_layer(dict(GROUPED_CASE, value_dim=3), (8, 8, 8), seed=35)
+    with pytest.raises(ValueError, match=r"GroupQueryAttention .* needs value_dim = key_dim.*"
+                                         r"num_key_value_heads=2"):  # fmt: skip
+        port.convert(wide, "keras")
+    grouped = port.get_weights(_settings_layer(GROUPED_CASE, (8, 8, 8), seed=36))
+    # set_weights into a layer with other settings is refused, naming the setting
+    for layer, match in (
+        (MultiHeadAttention(4, 2), r"weights have num_key_value_heads=2, .* has "
+                                   r"num_key_value_heads=None \(= num_heads\)"),
+        (MultiHeadAttention(4, 2, num_key_value_heads=1), r"num_key_value_heads=2, .* has "
+                                                          r"num_key_value_heads=1"),
+        (MultiHeadAttention(4, 2, num_key_value_heads=2, rotary_max_length=8),
+         r"rotary_max_length=None \(no RoPE\), .* has rotary_max_length=8"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            port.set_weights(layer, grouped)
+        assert not layer.built  # refused before anything was built or assigned
+    other_base = MultiHeadAttention(2, 4, rotary_max_length=16, rotary_base=10000.0)
+    with pytest.raises(ValueError, match=r"rotary_base=500\.0, .* has rotary_base=10000\.0"):
+        port.set_weights(other_base, port.get_weights(rotary))
+    # a plain dict records no settings: the key/value heads must match the layer's
+    with pytest.raises(ValueError, match=r"'key/kernel' must have shape \(8, 4, 2\); received "
+                                         r"\(8, 2, 2\).*num_key_value_heads=4"):  # fmt: skip
+        port.set_weights(MultiHeadAttention(4, 2), grouped.weights)
+
+
+@torch_only
+def test_torch_refuses_grouped_and_rotary(backend):
+    import torch
+
+    grouped = _settings_layer(dict(num_heads=4, key_dim=2, num_key_value_heads=2), (8, 8, 8), 37)
+    with pytest.raises(ValueError, match=r"convert\(to='torch'\): torch\.nn\.MultiheadAttention "
+                                         r"has no grouped key/value heads; received "
+                                         r"num_key_value_heads=2"):  # fmt: skip
+        port.convert(grouped, "torch")
+    rotary = _settings_layer(ROTARY_CASE, (8, 8, 8), seed=38)
+    with pytest.raises(ValueError, match=r"torch\.nn\.MultiheadAttention has no rotary position "
+                                         r"embedding; received rotary_max_length=16 "
+                                         r"\(rotary_base=500\.0\)"):  # fmt: skip
+        port.convert(rotary, "torch")
+    m = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    with pytest.raises(ValueError, match=r"rotary_max_length=16, the module \(MultiheadAttention"
+                                         r"\) has rotary_max_length=None"):  # fmt: skip
+        port.set_weights(m, port.get_weights(rotary))
+
+
+@tf_only
+def test_tensorflow_document_refuses_grouped_and_rotary(backend):
+    import multiattn.backends.tensorflow  # noqa: F401  (the adapter must be loaded)
+
+    grouped = _settings_layer(dict(num_heads=4, key_dim=2, num_key_value_heads=2), (8, 8, 8), 39)
+    with pytest.raises(ValueError, match=r"TensorFlow document's MultiHeadAttention has no "
+                                         r"grouped key/value heads"):  # fmt: skip
+        port.convert(grouped, "tensorflow-doc")
+    with pytest.raises(ValueError, match="no rotary position embedding; received "
+                                         "rotary_max_length=16"):  # fmt: skip
+        port.convert(_settings_layer(ROTARY_CASE, (8, 8, 8), seed=40), "tensorflow-doc")
+
+
+@jax_only
+def test_flax_grouped_heads(backend):
+    """flax.nnx.MultiHeadAttention has grouped heads (num_kv_heads), grouped as in the
+    neutral layout; it has no RoPE."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    m = nnx.MultiHeadAttention(4, 6, qkv_features=8, out_features=5, in_kv_features=4,
+                               num_kv_heads=2, decode=False, rngs=nnx.Rngs(0))  # fmt: skip
+    source = port.get_weights(m)
+    assert source.config["num_key_value_heads"] == 2
+    w = random_weights("mha", {k: v for k, v in source.config.items() if k != "dropout"}, 41)
+    port.set_weights(m, w)
+    other = port.convert(m, "multiattn")
+    assert other.num_key_value_heads == 2
+    back = port.convert(other, "flax")
+    assert back.num_kv_heads == 2
+    assert_same_weights(port.get_weights(back), w)
+    q, k, v = inputs((2, 3, 6), (2, 4, 4), (2, 4, 4), seed=8)
+    a = np.asarray(m(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), deterministic=True))
+    compare("flax-multiattn grouped", a, to_np(other(q, v, k)), PAIR_RTOL)
+    compare("flax-oracle grouped", a, _oracle_settings(w, q, v, k), ORACLE_RTOL)
+    with pytest.raises(ValueError, match=r"convert\(to='flax'\): flax\.nnx\.MultiHeadAttention "
+                                         r"has no rotary position embedding"):  # fmt: skip
+        port.convert(_settings_layer(ROTARY_CASE, (8, 8, 8), seed=42), "flax")

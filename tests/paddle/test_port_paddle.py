@@ -153,3 +153,64 @@ def test_paddle_keras_mha(backend):
     q, kk, v = inputs((2, 3, 8), (2, 4, 6), (2, 4, 6))
     a = _np(m(*(paddle.to_tensor(x) for x in (q, kk, v))))
     compare("paddle-keras mha", a, _np(k(q, v, kk)), PAIR_RTOL)
+
+
+# --- grouped key/value heads and rotary position embedding ---------------------------
+
+
+def _settings_layer(seed: int, **settings):
+    """A built multiattn layer (Keras numpy backend in this worker) with random weights."""
+    from _port_oracle import random_weights
+
+    from multiattn.layers import MultiHeadAttention
+
+    h = 4 if "num_key_value_heads" in settings else 2
+    layer = MultiHeadAttention(h, 8 // h, **settings)
+    layer.build((None, None, 8), (None, None, 8), (None, None, 8))
+    config = port.get_weights(layer).config
+    port.set_weights(layer, port.PortableWeights("mha", config, random_weights(
+        "mha", {k: v for k, v in config.items() if k != "dropout"}, seed=seed)))  # fmt: skip
+    return layer
+
+
+def test_paddle_refuses_grouped_and_rotary(backend):
+    grouped = _settings_layer(51, num_key_value_heads=2)
+    rotary = _settings_layer(52, rotary_max_length=16, rotary_base=500.0)
+    with pytest.raises(ValueError, match=r"convert\(to='paddle'\): paddle\.nn\.MultiHeadAttention "
+                                         r"has no grouped key/value heads; received "
+                                         r"num_key_value_heads=2 \(num_heads=4\)"):  # fmt: skip
+        port.convert(grouped, "paddle")
+    with pytest.raises(ValueError, match=r"paddle\.nn\.MultiHeadAttention has no rotary position "
+                                         r"embedding; received rotary_max_length=16"):  # fmt: skip
+        port.convert(rotary, "paddle")
+    with pytest.raises(ValueError, match=r"PaddlePaddle document's MultiHeadAttention has no "
+                                         r"grouped key/value heads"):  # fmt: skip
+        port.convert(grouped, "paddle-doc", query_size=4)
+    with pytest.raises(ValueError, match=r"document's MultiHeadAttention has no rotary"):
+        port.convert(rotary, "paddle-doc", query_size=4)
+    m = paddle.nn.MultiHeadAttention(8, 2)
+    before = {k: v.numpy().copy() for k, v in m.state_dict().items()}
+    with pytest.raises(ValueError, match=r"weights have rotary_max_length=16, the module "
+                                         r"\(MultiHeadAttention\) has rotary_max_length=None"):  # fmt: skip
+        port.set_weights(m, port.get_weights(rotary))
+    assert all(np.array_equal(v.numpy(), before[k]) for k, v in m.state_dict().items())
+
+
+def test_grouped_and_rotary_round_trip_in_the_paddle_worker(backend):
+    """The neutral layout keeps the settings in this process too: converted layers give
+    identical outputs, and agree with the float64 oracle."""
+    from _port_oracle import _mha_ref
+
+    from multiattn import reference
+
+    q, kv = inputs((2, 5, 8), (2, 6, 8), seed=9)
+    for layer, base in ((_settings_layer(53, num_key_value_heads=1), None),
+                        (_settings_layer(54, rotary_max_length=8, rotary_base=100.0), 100.0)):  # fmt: skip
+        source = port.get_weights(layer)
+        other = port.convert(layer, "multiattn")
+        assert_same_weights(port.get_weights(other), source)
+        a = _np(layer(q, kv))
+        assert np.array_equal(a, _np(other(q, kv)))
+        want, _ = reference.multi_head_attention(q, kv, weights=_mha_ref(source.weights),
+                                                 rotary_base=base)  # fmt: skip
+        compare(f"paddle worker settings {source.config}", a, want, ORACLE_RTOL)
