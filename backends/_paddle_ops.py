@@ -161,6 +161,14 @@ def _axis_arg(axis: Any) -> Any:
     return [int(a) for a in axis]
 
 
+def _exp_flushed(x: paddle.Tensor) -> paddle.Tensor:
+    """``paddle.exp`` with results below the dtype's smallest normal number set to 0 (see
+    `PaddleNamespace.exp`)."""
+    tiny = float(np.finfo(np.float64 if x.dtype == paddle.float64 else np.float32).tiny)
+    out = paddle.exp(x)
+    return paddle.where(x < float(np.log(tiny)), paddle.zeros_like(out), out)
+
+
 class PaddleNamespace:
     """``keras.ops`` semantics on ``paddle.Tensor``: the subset the multiattn core uses.
 
@@ -425,8 +433,14 @@ class PaddleNamespace:
         return self._unary_float(x, paddle.tanh, "tanh")
 
     def exp(self, x: Any) -> paddle.Tensor:
-        """Exponential; integers and bool give float32, floats keep their dtype."""
-        return self._unary_float(x, paddle.exp, "exp")
+        """Exponential; integers and bool give float32, floats keep their dtype.
+
+        Paddle's vectorised kernel (tensors of 8 entries or more) returns a floor of
+        about 2.9e-39 (float32) or 5.6e-309 (float64) where the exponential underflows,
+        ``exp(-inf)`` included. Results below the smallest normal number of the computing
+        dtype are flushed to 0 here (a select: no gradient flows through them), so that
+        ``exp(-inf)`` is exactly 0 as the core's masked softmax requires."""
+        return self._unary_float(x, _exp_flushed, "exp")
 
     def log(self, x: Any) -> paddle.Tensor:
         """Natural logarithm; integers and bool give float32, floats keep their dtype."""

@@ -314,6 +314,18 @@ def test_unary_float_ops(name, dtype):
     compare(name, sample((3, 4), dtype, -3, 4))
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_exp_underflows_to_exactly_zero(dtype):
+    """Paddle's vectorised exp returns a denormal floor where the result underflows (also
+    for -inf): the namespace flushes it to 0, so masked exponentials are exactly 0."""
+    x = np.array([-np.inf, -1e4, -800.0, -120.0, 0.0, 1.0] * 4)
+    got = to_np(PNS.exp(tensor(x, dtype)))
+    tiny = np.finfo(np.float64 if dtype == "float64" else np.float32).tiny
+    flushed = np.exp(x) < tiny  # float64: -inf, -1e4, -800; else also -120
+    assert np.all(got[flushed] == 0.0)
+    np.testing.assert_allclose(got[~flushed], np.exp(x[~flushed]), rtol=1e-2)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_log(dtype):
     compare("log", sample((3, 4), dtype, 1, 5))
