@@ -9,6 +9,7 @@ imports no framework; Keras (and with it the chosen backend) is imported on firs
   attention, head split/merge, positional encoding).
 * `multiattn.layers`: Keras 3 layers.
 * `multiattn.reference`: the float64 NumPy oracle used by tests and fixtures.
+* `multiattn.tuning`: kernel choices measured on the running machine, and its CPU.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("config", "layers", "ops", "reference")
+_SUBMODULES = ("config", "layers", "ops", "reference", "tuning")
 
-__all__ = ["__version__", "config", "layers", "ops", "reference"]
+__all__ = ["__version__", "config", "layers", "ops", "reference", "tuning"]
 
 
 def __getattr__(name: str) -> Any:

@@ -83,17 +83,23 @@ class KerasNamespace:
         ``(..., *n)`` in the dtype of ``x`` and ``kernel`` (which must agree).
 
         ``keras.ops.einsum`` on every backend, except float32 CPU tensors on PyTorch
-        with oneDNN (see `multiattn.config.set_torch_onednn`): there the product runs as
-        one ``(N, K) @ (K, M)`` oneDNN matrix product with the bias added inside it.
+        with oneDNN: there the product runs as one ``(N, K) @ (K, M)`` matrix product
+        with the bias added inside it, on oneDNN or PyTorch's BLAS, whichever
+        `multiattn.tuning` measured faster for its shape class (or as
+        `multiattn.config.set_torch_onednn` forces).
         """
-        if self._onednn_ok(x, kernel, bias):
+        route = self._torch_route(x, kernel, bias)
+        if route is not None:
             from . import _torch_matmul
 
             shape = tuple(kernel.shape)
             k = math.prod(shape[:contract])
             n = math.prod(shape[contract:])
             y = _torch_matmul.matmul_bias(
-                x.reshape(-1, k), kernel.reshape(k, n), None if bias is None else bias.reshape(n)
+                x.reshape(-1, k),
+                kernel.reshape(k, n),
+                None if bias is None else bias.reshape(n),
+                route == "measure",
             )
             return y.reshape(*x.shape[: x.dim() - contract], *shape[contract:])
         # Explicit subscripts: TensorFlow's einsum gradient with "..." broadcasts the
@@ -103,24 +109,34 @@ class KerasNamespace:
         y = self.einsum(f"{lead}{k},{k}{n}->{lead}{n}", x, kernel)
         return y if bias is None else y + bias
 
-    def _onednn_ok(self, x: Any, kernel: Any, bias: Any) -> bool:
+    def _torch_route(self, x: Any, kernel: Any, bias: Any) -> str | None:
+        """How `linear` runs on torch: ``"onednn"`` (forced), ``"measure"`` (each product
+        on the library measured faster) or None (``einsum``: other backends, dtypes and
+        devices, no oneDNN in this PyTorch, BLAS forced, or a compiler tracing the call)."""
         if self._keras.backend.backend() != "torch":
-            return False
+            return None
         from . import config
 
-        if not config.get_torch_onednn():
-            return False
+        setting = config.get_torch_onednn()
+        if setting is False:
+            return None
         from . import _torch_matmul
 
         tensors = [t for t in (x, kernel, bias) if t is not None]
         import torch
 
-        return (
+        if not (
             _torch_matmul.available()
             and all(isinstance(t, torch.Tensor) for t in tensors)
             and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
             and x.numel() > 0
-        )
+        ):
+            return None
+        if setting is True:
+            return "onednn"
+        from . import tuning
+
+        return None if tuning.torch_is_tracing() else "measure"
 
     def custom_gradient(
         self,
@@ -205,8 +221,11 @@ class KerasNamespace:
 
     @property
     def fused_attention_pays(self) -> bool:
-        """False where the backend's fused attention is measured slower than the core's
-        explicit path (`multiattn.ops.attention`):
+        """Whether to take the backend's fused attention where it cannot be timed:
+        `multiattn.tuning.fused_attention_pays` measures the choice on the running machine
+        and falls back to this value for Keras symbolic tensors and under
+        ``torch.compile``. False where the backend's fused attention was measured slower
+        than the core's explicit path (`multiattn.ops.attention`) on the project's machine:
 
         * JAX on CPU: ``jax.nn.dot_product_attention`` (XLA) took 153 ms forward and
           263 ms forward+backward against 123 ms and 251 ms for the explicit path, on

@@ -1,7 +1,8 @@
 """Runtime settings of multiattn.
 
-Two settings: the *attention memory budget* and whether dense projections on PyTorch
-CPU run through oneDNN (see `set_torch_onednn`).
+Two settings: the *attention memory budget* and which library runs dense projections
+on PyTorch CPU (see `set_torch_onednn`; unset, it is measured on the running machine by
+`multiattn.tuning`).
 
 The *attention memory budget* is the most memory, in bytes, that
 the attention score matrix of one call may take. When the scores of a call
@@ -135,16 +136,28 @@ def attention_memory_budget(nbytes: int | str | None) -> Iterator[int]:
 
 
 def set_torch_onednn(enabled: bool | None) -> None:
-    """Whether multiattn's dense projections on PyTorch CPU in float32 (the query, key,
-    value and output projections of `multiattn.layers.MultiHeadAttention`) run through
-    PyTorch's oneDNN linear operator instead of its BLAS matrix product.
+    """Which library runs multiattn's dense projections on PyTorch CPU in float32 (the
+    query, key, value and output projections of `multiattn.layers.MultiHeadAttention`):
+    PyTorch's oneDNN linear operator or its BLAS product.
 
-    On by default where the PyTorch build has oneDNN: on the project's AMD EPYC machine
-    MKL's float32 product runs at half the speed of oneDNN's. The two differ only by
-    rounding (a few units in the last place). ``False`` keeps PyTorch's own product;
-    ``None`` forgets the value set here: the environment variable
-    ``MULTIATTN_TORCH_ONEDNN`` (``0``, ``false``, ``no`` or ``off`` disable it), else the
-    default (on), applies again. Read when a projection runs (or is traced).
+    Which one is faster depends on the CPU: oneDNN was twice as fast as MKL on an AMD EPYC
+    with AVX-512, and 22% slower than ``torch.matmul`` on an AVX2-only CPU. So by default
+    (``None``, and ``MULTIATTN_TORCH_ONEDNN`` unset, empty or ``auto``) neither is assumed:
+    each product of a projection (forward, and the two of its backward pass) runs on the
+    library that `multiattn.tuning` timed faster on the running machine for its shape
+    class, once per process and class (``multiattn.tuning.decisions()`` lists the
+    choices). While ``torch.compile`` or ``torch.jit`` traces the call, nothing is timed
+    and the projection is PyTorch's own ``einsum``.
+
+    ``True`` forces oneDNN for every product, ``False`` PyTorch's own ``einsum`` (its
+    BLAS), without timing anything. ``None`` forgets the value set here: the environment
+    variable ``MULTIATTN_TORCH_ONEDNN`` (``1``, ``true``, ``yes`` or ``on`` force oneDNN;
+    ``0``, ``false``, ``no`` or ``off`` force BLAS; ``auto`` or empty measure), else
+    measurement, applies again. Read when a projection runs (or is traced). The two
+    libraries compute the same product and differ only by rounding (a few units in the
+    last place), so two processes that measured differently agree to float32 rounding,
+    not bit for bit: force a library for bitwise-repeatable runs. oneDNN is used only
+    where PyTorch has it.
     """
     global _torch_onednn
     if enabled is not None and not isinstance(enabled, bool):
@@ -152,16 +165,19 @@ def set_torch_onednn(enabled: bool | None) -> None:
     _torch_onednn = enabled
 
 
-def get_torch_onednn() -> bool:
-    """Whether oneDNN projections are enabled (set value, else environment, else True);
-    they run only where PyTorch has oneDNN, on float32 CPU tensors."""
+def get_torch_onednn() -> bool | None:
+    """The projection library setting: ``True`` (oneDNN forced), ``False`` (BLAS forced) or
+    ``None`` (measured per shape class, `multiattn.tuning`); the value set by
+    `set_torch_onednn`, else ``MULTIATTN_TORCH_ONEDNN``, else None."""
     if _torch_onednn is not None:
         return _torch_onednn
     raw = os.environ.get(ONEDNN_ENV_VAR, "").strip().lower()
     if raw in ("0", "false", "no", "off"):
         return False
-    if raw in ("", "1", "true", "yes", "on"):
+    if raw in ("1", "true", "yes", "on"):
         return True
+    if raw in ("", "auto"):
+        return None
     raise ValueError(
-        f"{ONEDNN_ENV_VAR}: expected 1/0, true/false, yes/no or on/off; received {raw!r}."
+        f"{ONEDNN_ENV_VAR}: expected 1/0, true/false, yes/no, on/off or auto; received {raw!r}."
     )

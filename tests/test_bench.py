@@ -67,8 +67,11 @@ def _png(path: Path) -> bool:
 
 
 def test_quick_run_reports_every_implementation(runs):
-    report, png, _ = runs["main"]
+    report, png, log = runs["main"]
     assert _png(png)
+    machine = report["machine"]
+    assert machine["cpu"] and set(machine["cpu_isa"]) <= set(machine["cpu_flags"])
+    assert "CPU: " in log and "instruction sets:" in log and "Kernel choices" in log
     cfg = report["config"]
     assert (cfg["batch"], cfg["length"], cfg["width"], cfg["heads"]) == (2, 64, 64, 4)
     assert report["flops"]["forward"] == attention_flops(2, 64, 64, 4)["forward"]
@@ -84,6 +87,13 @@ def test_quick_run_reports_every_implementation(runs):
         assert mm["gflops"] == max(mm["routes"].values()) == mm["routes"][mm["route"]]
         if framework == "torch" and info["info"].get("torch_onednn_projections"):
             assert set(mm["routes"]) == {"matmul", "oneDNN linear"}
+            if info["info"]["torch_projection_library"] == "measured per shape class":
+                # forward, input and weight gradients of the projections, each measured
+                choices = info["kernel_choices"]
+                assert {c["op"] for c in choices} == {"torch-linear"} and len(choices) >= 3
+                assert all(c["how"] == "measured" for c in choices)
+                assert all(c["choice"] in c["median_ms"] for c in choices)
+            assert info["cpu_capability"]
         assert info["process_max_rss_mib"] > 0
         ratios = []
         for ident in ids:

@@ -372,7 +372,7 @@ for what, arg, build in [
     ("offset float", "offset", lambda e: _rope(e, offset=1.5)),
     ("offset bool", "offset", lambda e: _rope(e, offset=True)),
     ("offset negative np.int64", "offset", lambda e: _rope(e, offset=np.int64(-1))),
-    ("offset eager tensor", "offset", lambda e: _rope(e, offset=e.t(np.int32(2)))),
+    ("offset negative eager tensor", "offset", lambda e: _rope(e, offset=e.t(np.int32(-1)))),
     ("base 1", "base", lambda e: _rope(e, base=1)),
     ("base inf", "base", lambda e: _rope(e, base=INF)),
 ]:

@@ -9,7 +9,6 @@ import ctypes
 import ctypes.util
 import gc
 import math
-import os
 import resource
 import statistics
 import sys
@@ -274,21 +273,15 @@ def peak_matmul_gflops(
 
 
 def machine_info() -> dict[str, Any]:
+    """The machine the benchmark runs on: platform, CPU model and instruction sets
+    (`multiattn.tuning.cpu_info`: ``cpu_isa`` the vector and matrix extensions that decide
+    which kernels the libraries can use, ``cpu_flags`` every flag), usable cores, memory
+    and Python."""
     import platform
 
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 0
+    from ..tuning import cpu_info
+
+    cpu = cpu_info()
     mem = None
     try:
         with open("/proc/meminfo") as fh:
@@ -297,8 +290,17 @@ def machine_info() -> dict[str, Any]:
         pass
     return {
         "platform": platform.platform(),
-        "cpu": cpu,
-        "cores": usable,
+        "cpu": cpu["model"],
+        "cpu_isa": cpu["isa"],
+        "cpu_flags": cpu["flags"],
+        "cores": cpu["cores"],
         "memory_gib": None if mem is None else round(mem / 2**30, 1),
         "python": platform.python_version(),
     }
+
+
+def describe_cpu(machine: dict[str, Any]) -> str:
+    """``CPU: <model>, <n> cores; instruction sets: avx2 fma avx512f ...``."""
+    isa = " ".join(machine.get("cpu_isa") or []) or "unknown (no /proc/cpuinfo flags)"
+    model = machine.get("cpu") or "unknown"
+    return f"CPU: {model}, {machine.get('cores')} cores; instruction sets: {isa}"

@@ -234,15 +234,22 @@ def build_torch(cfg: dict, x_np: np.ndarray) -> Framework:
     from multiattn import _torch_matmul
 
     if _torch_matmul.available() and dtype == "float32":
-        # The product multiattn's projections use on CPU (multiattn.config.set_torch_onednn).
+        # The second library multiattn's projections may run on (multiattn.tuning).
 
         def onednn(n: int) -> Callable[[], Any]:
             a = torch.randn(n, n, generator=torch.Generator().manual_seed(1))
-            with torch.no_grad():
-                return lambda: _torch_matmul.matmul_bias(a, a, None)
+            return lambda: _torch_matmul.onednn(a, a, None)
 
         fw.other_matmuls["oneDNN linear"] = onednn
+    from multiattn import config
+
+    setting = config.get_torch_onednn()
     fw.info["torch_onednn_projections"] = _torch_matmul.available() and dtype == "float32"
+    fw.info["torch_projection_library"] = (
+        "measured per shape class"
+        if setting is None
+        else ("oneDNN (forced)" if setting else "PyTorch einsum (forced)")
+    )
     return fw
 
 

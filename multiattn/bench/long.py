@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import tuning
 from .common import MIB, describe_error, hwm_bytes, reset_hwm, rss_bytes, summarize, trim_heap
 
 BATCH, HEADS, HEAD_DIM = 1, 8, 64
@@ -174,6 +175,7 @@ def worker(
         **result,
         "status": "ok",
         **summarize(times),
+        "kernel_choices": tuning.decisions(),
         "baseline_mib": None if base is None else base / MIB,
         "peak_mem_mib": None if peak is None else peak / MIB,
     }

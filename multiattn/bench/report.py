@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .common import MODE_LABELS, MODES
+from ..tuning import describe_decision
+from .common import MODE_LABELS, MODES, describe_cpu
 
 MULTIATTN_COLOR = "#d1495b"
 NATIVE_COLORS = ("#30638e", "#00798c", "#8d96a3")
@@ -36,6 +37,7 @@ def print_report(report: dict, console: Any) -> None:
     from rich.table import Table
 
     cfg = report["config"]
+    console.print(describe_cpu(report.get("machine", {})), markup=False)
     if report.get("implementations"):
         title = (
             f"Multi-head self-attention, batch {cfg['batch']}, length {cfg['length']}, "
@@ -98,6 +100,14 @@ def print_report(report: dict, console: Any) -> None:
             "memory one call takes above what was in use before it (VmHWM: RSS growth; "
             "tf-allocator: TensorFlow's allocator statistics)."
         )
+        _print_choices(
+            console,
+            {fw: info.get("kernel_choices", []) for fw, info in report["frameworks"].items()},
+            {
+                fw: info.get("info", {}).get("torch_projection_library")
+                for fw, info in report["frameworks"].items()
+            },
+        )
     long = report.get("long")
     if long:
         causal = ", causal" if long["causal"] else ""
@@ -135,6 +145,30 @@ def print_report(report: dict, console: Any) -> None:
                 "ok" if ok else f"[yellow]{entry.get('reason', entry.get('status'))}[/]",
             )
         console.print(table)
+        found = [
+            d
+            for key in ("results", "blockwise_results", "direct_results")
+            for entry in long.get(key, [])
+            for d in entry.get("kernel_choices", [])
+        ]
+        _print_choices(console, {long["backend"]: found}, {})
+
+
+def _print_choices(console: Any, choices: dict[str, list], notes: dict[str, Any]) -> None:
+    """The kernel choices multiattn made in each worker (`multiattn.tuning.decisions`),
+    each distinct one once."""
+    lines = []
+    for fw, found in choices.items():
+        if notes.get(fw):
+            lines.append(f"  {fw}: projections: {notes[fw]}")
+        seen = set()
+        for decision in found:
+            line = describe_decision(decision)
+            if line not in seen:
+                seen.add(line)
+                lines.append(f"  {fw}: {line}")
+    console.print("Kernel choices (multiattn.tuning, measured once per process and shape class):")
+    console.print("\n".join(lines) if lines else "  none made", markup=False)
 
 
 def write_plot(report: dict, path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import tuning
 from .common import (
     MIB,
     MODES,
@@ -128,6 +129,9 @@ def run(framework: str, cfg: dict) -> dict[str, Any]:
         "framework": framework,
         "status": "ran",
         "info": fw.info,
+        # what multiattn's kernel choices measured in this process (multiattn.tuning)
+        "kernel_choices": tuning.decisions(),
+        "cpu_capability": tuning.cpu_info().get("torch_cpu_capability"),
         "implementations": impls,
         "matmul": matmul,
         "memory_method": method,

@@ -8,6 +8,7 @@ import keras
 
 from .._checks import broadcast_shape, check_flag, check_float, check_rank, shape_of
 from .._namespace import get_ops
+from ..ops.masking import check_valid_lens
 from ._base import as_mask, check_block_args, check_input_width, check_layer_seed, static_width
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization
@@ -208,6 +209,15 @@ class TransformerDecoderLayer(keras.layers.Layer):
         mask = as_mask(where, "mask", mask)
         if context_mask is not None:
             self._check_context_mask(where, context_mask, x, context, context_key_value)
+        if context_valid_lens is not None:
+            xs = shape_of(x)
+            context_valid_lens = check_valid_lens(
+                get_ops(x),
+                context_valid_lens,
+                (xs[0], 1, xs[1], _source_len(context, context_key_value)),
+                where,
+                name="context_valid_lens",
+            )
         if context_mask is not None and len(shape_of(context_mask)) == 2:
             context_mask = keras.ops.expand_dims(context_mask, 1)  # key padding, every query
         new_cache = None
@@ -249,13 +259,7 @@ class TransformerDecoderLayer(keras.layers.Layer):
         broadcasts to ``(batch, target_len, source_len)`` /
         ``(batch, heads, target_len, source_len)``; errors name ``context_mask``."""
         ms, xs = shape_of(context_mask), shape_of(x)
-        if context is not None:
-            source = shape_of(context)[1]
-        elif isinstance(context_key_value, (tuple, list)) and len(context_key_value) == 2:
-            keys = context_key_value[0]
-            source = shape_of(keys)[1] if len(getattr(keys, "shape", ())) == 4 else None
-        else:
-            source = None  # the cross-attention refuses the pair, naming it
+        source = _source_len(context, context_key_value)
         check_rank(where, "context_mask", ms, 0, 4)
         if len(ms) <= 2:
             broadcast_shape(where, "context_mask", ms, (xs[0], source))
@@ -284,3 +288,14 @@ class TransformerDecoderLayer(keras.layers.Layer):
             "rotary_max_length": self.rotary_max_length,
             "seed": self.seed,
         }
+
+
+def _source_len(context: Any, context_key_value: Any) -> int | None:
+    """The number of source positions of the cross-attention (None: unknown, or a
+    ``context_key_value`` the cross-attention will refuse, naming it)."""
+    if context is not None:
+        return shape_of(context)[1]
+    if isinstance(context_key_value, (tuple, list)) and len(context_key_value) == 2:
+        keys = context_key_value[0]
+        return shape_of(keys)[1] if len(getattr(keys, "shape", ())) == 4 else None
+    return None

@@ -34,16 +34,34 @@ class LayerNormalization(keras.layers.LayerNormalization):
     `multiattn.ops.rms_norm`).
 
     Call arguments:
-        inputs: ``(..., width)``.
+        inputs: ``(..., width)``, floating.
 
     Returns:
         The normalised inputs in the layer's compute dtype.
+
+    Raises:
+        TypeError: ``center``, ``scale`` or ``rms_scaling`` not a bool, ``axis`` not an
+            int or a list of ints, integer or bool ``inputs``.
+        ValueError: ``axis`` repeated or out of range for the inputs.
     """
 
+    def __init__(self, axis: Any = -1, epsilon: float = 1e-3, **kwargs: Any):
+        where = "LayerNormalization"
+        for flag in ("center", "scale", "rms_scaling"):
+            value = kwargs.get(flag, False)
+            if not isinstance(value, bool):
+                raise TypeError(f"{where}: `{flag}` must be a bool; received {value!r}.")
+        super().__init__(axis=_check_axis(where, axis), epsilon=epsilon, **kwargs)
+
+    def build(self, input_shape):
+        _normalised_axes("LayerNormalization", self.axis, tuple(input_shape))
+        super().build(input_shape)
+
     def call(self, inputs):
-        axes = self.axis if isinstance(self.axis, (list, tuple)) else [self.axis]
+        check_float("LayerNormalization", "inputs", inputs, get_ops(inputs))
         rank = len(inputs.shape)
-        if self.rms_scaling or [a % rank for a in axes] != [rank - 1]:
+        axes = _normalised_axes("LayerNormalization", self.axis, tuple(inputs.shape))
+        if self.rms_scaling or axes != [rank - 1]:
             return super().call(inputs)
         out = layer_norm(
             inputs,
@@ -52,6 +70,26 @@ class LayerNormalization(keras.layers.LayerNormalization):
             epsilon=self.epsilon,
         )
         return keras.ops.cast(out, self.compute_dtype)
+
+
+def _normalised_axes(where: str, axis: Any, shape: tuple) -> list[int]:
+    """The axes ``axis`` (an int or a list of ints) normalises in inputs of shape
+    ``shape``, in [0, rank), sorted; ``ValueError`` naming ``axis`` when one is out of
+    range or two name the same axis."""
+    rank = len(shape)
+    axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
+    for a in axes:
+        if not -rank <= a < rank:
+            raise ValueError(
+                f"{where}: `axis` {a} is out of range for inputs of shape "
+                f"{fmt_shape(shape)}; received axis={axis!r}."
+            )
+    positive = sorted(a % rank for a in axes)
+    if len(set(positive)) != len(positive):
+        raise ValueError(
+            f"{where}: `axis` {axis!r} names an axis twice for inputs of shape {fmt_shape(shape)}."
+        )
+    return positive
 
 
 def _check_axis(where: str, axis: Any) -> int | list[int]:
@@ -124,22 +162,7 @@ class RMSNormalization(keras.layers.Layer):
         self.scale = None
 
     def _axes(self, shape: Any) -> list[int]:
-        """The normalised axes of an input of shape ``shape``, in [0, rank), sorted."""
-        rank = len(shape)
-        axes = self.axis if isinstance(self.axis, list) else [self.axis]
-        for a in axes:
-            if not -rank <= a < rank:
-                raise ValueError(
-                    f"RMSNormalization: `axis` {a} is out of range for inputs of shape "
-                    f"{fmt_shape(shape)}; received axis={self.axis!r}."
-                )
-        positive = sorted(a % rank for a in axes)
-        if len(set(positive)) != len(positive):
-            raise ValueError(
-                f"RMSNormalization: `axis` {self.axis!r} names an axis twice for inputs of "
-                f"shape {fmt_shape(shape)}."
-            )
-        return positive
+        return _normalised_axes("RMSNormalization", self.axis, shape)
 
     def build(self, input_shape):
         shape = tuple(None if d is None else int(d) for d in input_shape)

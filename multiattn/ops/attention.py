@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .. import tuning
 from .._checks import (
     HALF_DTYPES,
     as_array,
@@ -148,12 +149,15 @@ def attend(
     sizes = tuple(s if s is not None else ops.shape(t)[1] for s, t in ((tq, query), (tk, key)))
     lens4 = blockwise.lens_rank4(ops, valid_lens)
     masked = keep is not None or valid_lens is not None or causal
-    guard = masked or (
+    # The fused kernel: always when it streams (the memory budget needs it), else where
+    # it is faster than the explicit path; decided once for the call.
+    fused = (
         blocks is None
         and not return_weights
         and not use_dropout
-        and _fused_ok(ops, query, key, value)
+        and (streams or _fused_ok(ops, query, key, value))
     )
+    guard = masked or fused
     if guard:
         # NaN and infinities must not meet a masked position in a product (0 * NaN is
         # NaN), forward or backward, nor reach a fused kernel (which may zero a row with
@@ -196,6 +200,7 @@ def attend(
             training,
             seed,
             return_weights,
+            fused=fused,
             is_causal=fused_causal,
         )
     if guard:
@@ -295,17 +300,30 @@ def _rows_attending(ops: Any, keep: Any, lens: Any, causal: bool, sizes: tuple, 
     return hit
 
 
-def _fused_ok(ops: Any, query: Any, key: Any, value: Any) -> bool:
-    """The backend has a fused kernel for these (float32) arrays that is worth taking
-    (`fused_attention_pays`), and value width == key width (Keras' fused attention fails
-    otherwise on jax)."""
+def _fused_eligible(ops: Any, query: Any, key: Any, value: Any) -> bool:
+    """The backend has a fused kernel for these arrays: float32, and value width == key
+    width (Keras' fused attention fails otherwise on jax)."""
     return (
         hasattr(ops, "fused_attention")
-        and getattr(ops, "fused_attention_pays", True)
         and ops.dtype_name(query) == "float32"
         and shape_of(key)[-1] is not None
         and shape_of(key)[-1] == shape_of(value)[-1]
     )
+
+
+def _fused_ok(ops: Any, query: Any, key: Any, value: Any) -> bool:
+    """The fused kernel is eligible (`_fused_eligible`) and faster than the explicit path
+    on the running machine for this shape class (`multiattn.tuning.fused_attention_pays`,
+    measured once per process and class)."""
+    return _fused_eligible(ops, query, key, value) and tuning.fused_attention_pays(
+        ops, query, key, value, explicit=_explicit_unmasked
+    )
+
+
+def _explicit_unmasked(ops: Any, query: Any, key: Any, value: Any, scale: float) -> Any:
+    """The explicit path without a mask (the candidate `tuning` times against the fused
+    kernel)."""
+    return _explicit_attention(ops, query, key, value, None, scale, 0.0, False, None, False)[0]
 
 
 def _fused_streams(
@@ -318,7 +336,7 @@ def _fused_streams(
     not needed, whatever the memory budget says."""
     if keep is not None or not getattr(ops, "fused_attention_streams", False):
         return False
-    if not _fused_ok(ops, query, key, value):
+    if not _fused_eligible(ops, query, key, value):
         return False
     if valid_lens is not None and (causal or len(shape_of(valid_lens)) != 1):
         return False
@@ -338,17 +356,17 @@ def _direct_attention(
     seed: Any,
     return_weights: bool,
     *,
+    fused: bool,
     is_causal: bool = False,
 ) -> tuple[Any, Any]:
-    """The fused or the explicit path: the whole ``(B, H, Tq, Tk)`` score matrix at once
-    (unless the backend's fused kernel streams, see `_fused_streams`).
+    """The fused path (``fused``: no weights returned, no dropout) or the explicit path:
+    the whole ``(B, H, Tq, Tk)`` score matrix at once (unless the backend's fused kernel
+    streams, see `_fused_streams`).
 
     ``keep`` is rank 4 or None; ``is_causal`` (fused path only, equal lengths) asks the
     kernel for its own causal mask. Returns the output and the weights (None on the fused
     path).
     """
-    use_dropout = dropout > 0.0 and bool(training)
-    fused = not return_weights and not use_dropout and _fused_ok(ops, query, key, value)
     weights = None
     if is_causal and not fused:
         raise AssertionError("is_causal is only for the fused path")  # internal misuse

@@ -75,50 +75,66 @@ def valid_lens_to_mask(
         A bool tensor of shape ``(batch, 1, ..., 1, keys)`` or ``(batch, 1, ..., queries, keys)``
         that broadcasts to ``scores_shape``.
     """
+    _check_scores_shape(where, scores_shape)
     return _valid_lens_keep(get_ops(valid_lens), valid_lens, scores_shape, where)
 
 
-def check_valid_lens(ops: Any, valid_lens: Any, scores_shape: tuple, where: str) -> Any:
+def _check_scores_shape(where: str, scores_shape: Any) -> None:
+    """``scores_shape``: a tuple or list of non-negative ints (or None for unknown sizes)."""
+    ok = isinstance(scores_shape, (tuple, list)) and all(
+        d is None or (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0)
+        for d in scores_shape
+    )
+    if not ok:
+        raise ValueError(
+            f"{where}: `scores_shape` must be a tuple of non-negative ints (None for an "
+            f"unknown size); received {scores_shape!r}."
+        )
+
+
+def check_valid_lens(
+    ops: Any, valid_lens: Any, scores_shape: tuple, where: str, name: str = "valid_lens"
+) -> Any:
     """The checks of `valid_lens_to_mask` (shape against the scores, integer dtype, and,
     when the values are concrete, whole numbers in ``[0, keys]``); returns the lengths as
-    int32, shaped as received."""
+    int32, shaped as received. Errors name the argument ``name``."""
     valid_lens = as_array(valid_lens)
     vshape = shape_of(valid_lens)
     ndim = len(scores_shape)
     if len(vshape) not in (1, 2):
         raise ValueError(
-            f"{where}: `valid_lens` must have shape (batch,) or (batch, queries); "
+            f"{where}: `{name}` must have shape (batch,) or (batch, queries); "
             f"received shape {fmt_shape(vshape)}."
         )
     min_rank = 2 if len(vshape) == 1 else 3
     if ndim < min_rank:
         raise ValueError(
-            f"{where}: `valid_lens` of shape {fmt_shape(vshape)} needs scores of rank >= "
+            f"{where}: `{name}` of shape {fmt_shape(vshape)} needs scores of rank >= "
             f"{min_rank}; received scores of shape {fmt_shape(scores_shape)}."
         )
     expected = (scores_shape[0],) if len(vshape) == 1 else (scores_shape[0], scores_shape[-2])
     if any(v is not None and e is not None and v != e for v, e in zip(vshape, expected)):
         raise ValueError(
-            f"{where}: `valid_lens` must have shape {fmt_shape(expected)} "
+            f"{where}: `{name}` must have shape {fmt_shape(expected)} "
             f"(batch{'' if len(vshape) == 1 else ', queries'}) for scores of shape "
             f"{fmt_shape(scores_shape)}; received shape {fmt_shape(vshape)}."
         )
     if len(vshape) == 2 and vshape[1] is None:
-        raise ValueError(f"{where}: the query axis of `valid_lens` must have a static size.")
+        raise ValueError(f"{where}: the query axis of `{name}` must have a static size.")
     dtype = ops.dtype_name(valid_lens)
     if dtype == "bool" or (dtype not in _INT_DTYPES and "float" not in dtype):
-        raise TypeError(f"{where}: `valid_lens` must hold integer lengths; received dtype {dtype}.")
+        raise TypeError(f"{where}: `{name}` must hold integer lengths; received dtype {dtype}.")
     num_keys = scores_shape[-1]
     values = _concrete(ops, valid_lens)
     if values is not None and values.size:
         bad = values[(values < 0) | (values != np.floor(values))]
         if bad.size:
             raise ValueError(
-                f"{where}: `valid_lens` must hold non-negative whole numbers; received {bad.ravel()[0]!r}."
+                f"{where}: `{name}` must hold non-negative whole numbers; received {bad.ravel()[0]!r}."
             )
         if num_keys is not None and values.max() > num_keys:
             raise ValueError(
-                f"{where}: `valid_lens` may not exceed the number of keys ({num_keys}); "
+                f"{where}: `{name}` may not exceed the number of keys ({num_keys}); "
                 f"received {values.max()!r}."
             )
     return ops.cast(valid_lens, "int32")

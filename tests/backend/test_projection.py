@@ -1,6 +1,7 @@
 """The namespace's dense projection (``linear``) against a float64 NumPy oracle: values
-and gradients, both contraction ranks, with and without bias; on torch, the oneDNN path
-and PyTorch's own product, switched by `multiattn.config.set_torch_onednn`."""
+and gradients, both contraction ranks, with and without bias; on torch, the oneDNN path,
+PyTorch's own product and the product measured faster (`multiattn.tuning`), chosen by
+`multiattn.config.set_torch_onednn`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from multiattn import config
 from multiattn._namespace import get_ops
 
 RNG = np.random.default_rng(7)
-ONEDNN = (True, False) if BACKEND == "torch" else (None,)
+ONEDNN = (True, False, None) if BACKEND == "torch" else ("n/a",)
 
 
 def _oracle(x, kernel, bias, contract):
@@ -31,9 +32,12 @@ def _case(contract: int, with_bias: bool):
     return x, kernel, bias
 
 
-@pytest.fixture(params=ONEDNN, ids=lambda v: {True: "onednn", False: "blas", None: "einsum"}[v])
+@pytest.fixture(
+    params=ONEDNN,
+    ids=lambda v: {True: "onednn", False: "blas", None: "measured", "n/a": "einsum"}[v],
+)
 def onednn(request):
-    if request.param is not None:
+    if request.param != "n/a":
         config.set_torch_onednn(request.param)
     yield request.param
     config.set_torch_onednn(None)
@@ -90,23 +94,32 @@ def test_torch_onednn_path_is_taken_and_switchable(monkeypatch):
         pytest.skip("this PyTorch build has no oneDNN linear operator")
     calls = []
     real = _torch_matmul.matmul_bias
-    monkeypatch.setattr(_torch_matmul, "matmul_bias", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(_torch_matmul, "matmul_bias", lambda *a: calls.append(a[3]) or real(*a))
     x, kernel, bias = _case(1, True)
     ops = get_ops()
     args = (cast(x, "float32"), cast(kernel, "float32"), cast(bias, "float32"))
     try:
         config.set_torch_onednn(None)
         ops.linear(*args)
-        assert len(calls) == 1
+        assert calls == [True]  # measured
+        config.set_torch_onednn(True)
+        ops.linear(*args)
+        assert calls == [True, False]  # forced
         config.set_torch_onednn(False)
         ops.linear(*args)
-        assert len(calls) == 1
+        assert len(calls) == 2
         monkeypatch.setenv(config.ONEDNN_ENV_VAR, "off")
         config.set_torch_onednn(None)
         ops.linear(*args)
-        assert len(calls) == 1
+        assert len(calls) == 2
+        monkeypatch.setenv(config.ONEDNN_ENV_VAR, "1")
+        ops.linear(*args)
+        assert calls[-1] is False and len(calls) == 3
+        monkeypatch.setenv(config.ONEDNN_ENV_VAR, "auto")
+        ops.linear(*args)
+        assert calls[-1] is True and len(calls) == 4
         ops.linear(*(cast(a, "float64") for a in (x, kernel, bias)))  # float64: BLAS
-        assert len(calls) == 1
+        assert len(calls) == 4
     finally:
         config.set_torch_onednn(None)
 
@@ -119,7 +132,7 @@ def test_torch_onednn_second_order_gradients_match_blas():
 
     x, kernel, bias = _case(2, True)
     results = []
-    for enabled in (True, False):
+    for enabled in (True, None, False):
         config.set_torch_onednn(enabled)
         try:
             leaves = [
@@ -131,8 +144,9 @@ def test_torch_onednn_second_order_gradients_match_blas():
             results.append([g.detach().numpy().astype(np.float64) for g in second])
         finally:
             config.set_torch_onednn(None)
-    for got, want in zip(*results):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    for other in results[:2]:
+        for got, want in zip(other, results[2]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the oneDNN path is PyTorch's")

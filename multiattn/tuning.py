@@ -1,0 +1,548 @@
+"""Kernel choices made by measurement on the machine that runs.
+
+Where two kernels compute the same thing and which one is faster depends on the CPU
+(whether it has AVX-512 or only AVX2, which BLAS the framework ships, how many cores),
+multiattn does not carry a default measured on some other machine: the first call of a
+*shape class* times the candidates on the running machine and every later call of that
+class takes the faster one. Decisions are kept per process and per shape class (sizes
+rounded up to powers of two, the dtype, the layout of the operands, the thread count),
+behind a lock, so the timing runs once per class however many threads call.
+
+How a decision is timed (`decide`):
+
+* each candidate runs twice untimed (allocation, kernel selection, compilation), then
+  `REPEATS` timed rounds take one sample of every candidate (a sample: as many calls as
+  last `MIN_SAMPLE_S`), alternating which goes first, so that a slow moment of the machine
+  falls on both; the candidate with the lower median time per call wins;
+* on inputs of the class's size, capped at about `FLOP_CAP` floating-point operations per
+  call by taking fewer rows (the contraction and output widths are kept: they decide how
+  the kernels block), so that one decision costs a few milliseconds (about 15 ms at the
+  cap on a machine running 300 GFLOP/s);
+* never while a compiler traces the caller: under ``torch.compile`` (and
+  ``torch.jit.trace``) nothing is timed and the choice made earlier for the class is
+  used, or else the documented fallback of the choice (the framework's own operation).
+  Under ``jax.jit`` and ``tf.function`` the timing runs at trace time *outside* the trace
+  (``jax.ensure_compile_time_eval``, ``tf.init_scope``) on inputs of its own, so the
+  compiled program holds only the chosen kernel; a decision is read when a function is
+  traced and compiled in, like every setting of `multiattn.config`;
+* the candidates compute the same product (or the same attention), so whichever wins,
+  results agree within the rounding of the dtype.
+
+Choices made this way:
+
+* ``torch-linear``: a dense projection's matrix product on PyTorch CPU in float32, PyTorch's
+  oneDNN linear operator or its BLAS product (``torch.addmm``). Each of the three products
+  of a projection (forward, and the input and weight gradients of the backward pass) is
+  decided for its own shape. `multiattn.config.set_torch_onednn` (``True``/``False``) or
+  ``MULTIATTN_TORCH_ONEDNN`` (``1``/``0``) force one route; unset, it is measured.
+* ``attention``: the backend's fused attention kernel or the core's explicit path, by
+  `fused_attention_pays` (float32, equal key and value widths); where nothing can be timed
+  (Keras symbolic tensors, ``torch.compile``) the namespace's ``fused_attention_pays``
+  applies.
+
+`decisions` lists what was decided in this process (with the medians that decided it),
+`reset` forgets it, `cpu_info` describes the CPU (model and instruction sets), which the
+benchmark prints next to its results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "FLOP_CAP",
+    "ISA_FLAGS",
+    "MAX_CALLS",
+    "MIN_SAMPLE_S",
+    "REPEATS",
+    "Decision",
+    "bucket",
+    "cpu_info",
+    "decide",
+    "decisions",
+    "describe_decision",
+    "describe_decisions",
+    "fused_attention_pays",
+    "parse_cpuinfo",
+    "reset",
+    "torch_is_tracing",
+]
+
+#: Timed rounds per decision (each takes one sample of every candidate); the median
+#: decides.
+REPEATS = 5
+#: Seconds one sample lasts at least (short calls are repeated, up to `MAX_CALLS` times).
+MIN_SAMPLE_S = 5e-4
+MAX_CALLS = 64
+#: About the most floating-point operations one timed call performs (rows are cut to fit).
+FLOP_CAP = 1 << 28
+#: The instruction-set flags of ``/proc/cpuinfo`` that `cpu_info` reports as ``isa``:
+#: those that decide which kernels a BLAS, oneDNN or XLA can use (x86 vector and matrix
+#: extensions, Arm's SIMD and scalable vectors).
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx_vnni",
+    "avx512f",
+    "avx512dq",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "amx_fp16",
+    "asimd",
+    "asimdhp",
+    "bf16",
+    "i8mm",
+    "sve",
+    "sve2",
+)
+
+_clock = time.perf_counter
+_LOCK = threading.RLock()
+_DECISIONS: dict[tuple, Decision] = {}
+_FALLBACKS: dict[tuple, Decision] = {}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One kernel choice for one shape class.
+
+    ``how`` is ``"measured"`` (``median_ms`` holds each candidate's median, ``timed`` the
+    inputs it was timed on) or ``"fallback"`` (nothing could be timed, ``reason`` says
+    why; a later call that can time still measures).
+    """
+
+    op: str
+    shape_class: tuple[tuple[str, Any], ...]
+    choice: str
+    how: str
+    median_ms: dict[str, float] = field(default_factory=dict)
+    timed: str = ""
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "shape_class": dict(self.shape_class),
+            "choice": self.choice,
+            "how": self.how,
+            "median_ms": dict(self.median_ms),
+            "timed": self.timed,
+            "reason": self.reason,
+        }
+
+    def describe(self) -> str:
+        """One line (`describe_decision`)."""
+        return describe_decision(self.as_dict())
+
+
+def describe_decision(decision: Mapping[str, Any]) -> str:
+    """A decision (as `decisions` lists it) in one line: ``torch-linear rows=4096 in=512
+    out=512 ...: onednn (onednn 0.91 ms, blas 1.32 ms)``."""
+    cls = " ".join(f"{k}={v}" for k, v in decision["shape_class"].items())
+    head = f"{decision['op']} {cls}: {decision['choice']}"
+    if decision["how"] != "measured":
+        return f"{head} ({decision['how']}: {decision['reason']})"
+    times = ", ".join(f"{k} {v:.3g} ms" for k, v in decision["median_ms"].items())
+    return f"{head} (median {times}; timed on {decision['timed']})"
+
+
+def bucket(n: int) -> int:
+    """The power of two at or above ``n`` (1 for 0): the size classes of `decide`."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def decide(
+    op: str,
+    shape_class: Mapping[str, Any],
+    candidates: Callable[[], tuple[Mapping[str, Callable[[], Any]], str]],
+    *,
+    fallback: str,
+    measurable: bool = True,
+    reason: str = "",
+    sync: Callable[[Any], Any] | None = None,
+) -> str:
+    """The name of the faster candidate for ``op`` on ``shape_class``, timed once per
+    process and class.
+
+    Args:
+        op: what is chosen (``"torch-linear"``); part of the cache key.
+        shape_class: the class's fields (sizes already bucketed, dtype, layout, ...).
+        candidates: called only when the class has no decision yet; returns the
+            candidates (name -> zero-argument callable, each running one call on inputs of
+            its own) and a description of those inputs.
+        fallback: the choice when nothing can be timed.
+        measurable: False where timing is impossible now (a compiler traces the
+            caller); ``reason`` says why. The class's earlier decision is used if there is
+            one, else ``fallback``, and nothing is cached: a later call measures.
+        sync: called on each candidate's result before the clock stops (for frameworks
+            that run asynchronously); None: the call returns when the work is done.
+
+    A candidate that raises drops out; if all do, ``fallback`` is taken and recorded.
+    """
+    key = (op, tuple(shape_class.items()))
+    found = _DECISIONS.get(key)
+    if found is not None:
+        return found.choice
+    if not measurable:
+        with _LOCK:
+            if key not in _DECISIONS and key not in _FALLBACKS:
+                _FALLBACKS[key] = Decision(op, key[1], fallback, "fallback", reason=reason)
+        return fallback
+    with _LOCK:
+        found = _DECISIONS.get(key)
+        if found is not None:
+            return found.choice
+        fns, timed = candidates()
+        samples, errors = _measure(dict(fns), REPEATS, sync)
+        medians = {name: statistics.median(ts) * 1e3 for name, ts in samples.items() if ts}
+        if medians:
+            choice = min(medians, key=medians.__getitem__)
+            decision = Decision(op, key[1], choice, "measured", medians, timed)
+        else:
+            why = "; ".join(f"{k}: {v}" for k, v in errors.items()) or "no candidate ran"
+            decision = Decision(op, key[1], fallback, "fallback", timed=timed, reason=why)
+        _DECISIONS[key] = decision
+        _FALLBACKS.pop(key, None)
+        return decision.choice
+
+
+def _measure(
+    fns: dict[str, Callable[[], Any]], repeats: int, sync: Callable[[Any], Any] | None
+) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Seconds per call of every candidate, ``repeats`` samples each, interleaved.
+
+    Each candidate first runs twice untimed (the first call sets up, the second is timed
+    to size the samples); then ``repeats`` rounds run every candidate for one sample, the
+    order reversed on every other round. A sample is as many calls as last about
+    `MIN_SAMPLE_S` (at least one): a call of a few microseconds is not timer noise.
+    Returns the samples and the errors of candidates that raised."""
+
+    def once(fn: Callable[[], Any]) -> None:
+        out = fn()
+        if sync is not None:
+            sync(out)
+
+    samples: dict[str, list[float]] = {}
+    number: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    for name, fn in fns.items():
+        try:
+            once(fn)
+            start = _clock()
+            once(fn)
+            took = _clock() - start
+        except Exception as err:  # a candidate this input cannot take; the others decide
+            errors[name] = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+            continue
+        samples[name] = []
+        number[name] = max(1, min(MAX_CALLS, math.ceil(MIN_SAMPLE_S / max(took, 1e-9))))
+    names = list(samples)
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            fn, n = fns[name], number[name]
+            start = _clock()
+            for _ in range(n):
+                once(fn)
+            samples[name].append((_clock() - start) / n)
+    return samples, errors
+
+
+def decisions() -> list[dict[str, Any]]:
+    """The kernel choices of this process: measured ones, then fallbacks taken where
+    nothing could be timed (as dicts: ``op``, ``shape_class``, ``choice``, ``how``,
+    ``median_ms``, ``timed``, ``reason``)."""
+    with _LOCK:
+        found = list(_DECISIONS.values()) + list(_FALLBACKS.values())
+    return [d.as_dict() for d in found]
+
+
+def describe_decisions() -> list[str]:
+    """`decisions` as one line each (`describe_decision`)."""
+    return [describe_decision(d) for d in decisions()]
+
+
+def reset() -> None:
+    """Forget every decision: the next call of each class measures again (after changing
+    the thread count, say)."""
+    with _LOCK:
+        _DECISIONS.clear()
+        _FALLBACKS.clear()
+
+
+# --- CPU ------------------------------------------------------------------------------
+
+
+def parse_cpuinfo(text: str) -> dict[str, Any]:
+    """The CPU model and feature flags in the text of Linux's ``/proc/cpuinfo``.
+
+    The model is the first ``model name`` line (x86; also ``Model name``, ``Hardware``,
+    ``Processor`` or ``cpu model`` elsewhere); the flags are the first ``flags`` line (x86)
+    or ``Features`` line (Arm). Returns ``{"model": str, "flags": [sorted flags], "isa":
+    [the `ISA_FLAGS` present, in that order]}``.
+    """
+    model, flags = "", None
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if not sep:
+            continue
+        name, value = name.strip().lower(), value.strip()
+        if not model and name in ("model name", "hardware", "processor", "cpu model") and value:
+            if name == "processor" and value.isdigit():
+                continue  # x86 and Arm number their cores on "processor" lines
+            model = value
+        elif flags is None and name in ("flags", "features"):
+            flags = set(value.split())
+    found = flags or set()
+    return {
+        "model": model,
+        "flags": sorted(found),
+        "isa": [f for f in ISA_FLAGS if f in found],
+    }
+
+
+@functools.cache
+def _proc_cpuinfo() -> dict[str, Any]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info = parse_cpuinfo(fh.read())
+    except OSError:
+        info = {"model": "", "flags": [], "isa": []}
+    info["model"] = info["model"] or platform.processor() or platform.machine()
+    info["source"] = "/proc/cpuinfo" if info["flags"] else "platform"
+    return info
+
+
+def cpu_info() -> dict[str, Any]:
+    """The running CPU: ``model``, ``isa`` (the instruction sets of `ISA_FLAGS` it has),
+    ``flags`` (every flag of ``/proc/cpuinfo``), ``cores`` (usable by this process),
+    ``machine`` (``x86_64``, ``aarch64``...) and, where PyTorch is already imported,
+    ``torch_cpu_capability`` (``torch.backends.cpu.get_cpu_capability()``: the vector
+    instruction set PyTorch's own kernels dispatch to, ``AVX512``, ``AVX2``, ``DEFAULT``...).
+
+    Read from ``/proc/cpuinfo`` (Linux); elsewhere the model is `platform.processor` and the
+    flag lists are empty. Imports no framework.
+    """
+    info = dict(_proc_cpuinfo())
+    try:
+        info["cores"] = len(os.sched_getaffinity(0))
+    except AttributeError:
+        info["cores"] = os.cpu_count() or 0
+    info["machine"] = platform.machine()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            info["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        except (AttributeError, RuntimeError):
+            pass
+    return info
+
+
+# --- fused or explicit attention ------------------------------------------------------
+
+
+def fused_attention_pays(
+    ops: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    explicit: Callable[[Any, Any, Any, Any, float], Any],
+) -> bool:
+    """True when the backend's fused attention (``ops.fused_attention``) is faster than
+    the core's explicit path on the running machine for attention of this shape class.
+
+    ``query`` ``(B, Tq, H, D)``, ``key`` ``(B, Tk, H, D)``, ``value`` ``(B, Tk, H, Dv)``
+    as `multiattn.ops.attention.attend` passes them (as many key/value heads as query
+    heads); ``explicit(ops, q, k, v, scale)`` runs the explicit path without a mask and
+    returns its output. Both are timed without a mask on random inputs of the same dtype
+    with ``Tk``, ``D`` and ``Dv`` of the call and as many of its ``B * H`` heads as fit
+    `FLOP_CAP` (one head over the cap: as many of its ``Tq`` queries as fit, at least 64,
+    so the explicit candidate's score matrix stays small); the class is the backend, its
+    device, the dtype, ``Tq`` and ``Tk`` rounded up to powers of two, ``D`` and ``Dv``.
+    This compares the two paths that hold a whole score matrix: where the scores exceed
+    the attention memory budget the alternative to a streaming fused kernel is the
+    blockwise path, which this does not time. Eager calls time directly; under
+    ``jax.jit`` and ``tf.function`` the candidates are compiled and timed at trace time
+    outside the trace. Where nothing can be timed (Keras symbolic tensors, ``torch.compile``,
+    a length unknown at trace time) the class's earlier decision is used, else the
+    namespace's ``fused_attention_pays`` (True where the namespace has no such attribute).
+    """
+    if not hasattr(ops, "fused_attention"):
+        return False
+    fallback = bool(getattr(ops, "fused_attention_pays", True))
+    backend = _backend(ops)
+    shape = [_static(d) for d in query.shape]
+    tk, dv = _static(key.shape[1]), _static(value.shape[-1])
+    b, tq, h, d = shape
+    dtype = ops.dtype_name(query)
+    device = _device(backend, query)
+    cls = {
+        "backend": backend,
+        "device": device,
+        "dtype": dtype,
+        "queries": None if tq is None else bucket(tq),
+        "keys": None if tk is None else bucket(tk),
+        "dim": d,
+        "value_dim": dv,
+    }
+    measurable, why = _can_time(ops, backend, query)
+    if measurable and None in (tq, tk, h, d, dv):
+        measurable, why = False, "a length or width unknown at trace time"
+    heads, queries = max(1, (b or 1) * (h or 1)), tq
+    if measurable:
+        # fewer heads first, then (one head over the cap) fewer queries, at least 64
+        per_query = 2 * tk * (d + dv)
+        heads = max(1, min(heads, FLOP_CAP // max(per_query * tq, 1)))
+        if per_query * tq > FLOP_CAP:
+            queries = min(tq, max(64, FLOP_CAP // max(per_query, 1)))
+
+    def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
+        rng = np.random.default_rng(0)
+        np_dtype = "float64" if dtype == "float64" else "float32"
+        arrays = [
+            rng.standard_normal((1, n, heads, width)).astype(np_dtype)
+            for n, width in ((queries, d), (tk, d), (tk, dv))
+        ]
+        scale = 1.0 / math.sqrt(d)
+        fns = {
+            "fused": lambda q, k, v: ops.fused_attention(q, k, v, None, scale),
+            "explicit": lambda q, k, v: explicit(ops, q, k, v, scale),
+        }
+        with _eager(backend):
+            tensors = [ops.cast(ops.convert_to_tensor(a), dtype) for a in arrays]
+            if device not in ("cpu", None) and backend == "torch":
+                tensors = [t.to(query.device) for t in tensors]
+            runs = {name: _compiled(backend, fn, tensors) for name, fn in fns.items()}
+        timed = f"(1, {queries}, {heads}, {d}) queries, (1, {tk}, {heads}, {d}/{dv}) keys/values"
+        return runs, timed
+
+    sync = _sync(backend, device)
+    with _eager(backend) if measurable else contextlib.nullcontext():
+        choice = decide(
+            "attention",
+            cls,
+            candidates,
+            fallback="fused" if fallback else "explicit",
+            measurable=measurable,
+            reason=why,
+            sync=sync,
+        )
+    return choice == "fused"
+
+
+def _static(n: Any) -> int | None:
+    try:
+        return None if n is None else int(n)
+    except TypeError:  # a symbolic size
+        return None
+
+
+def _backend(ops: Any) -> str:
+    name = getattr(ops, "name", "")
+    if name == "keras":
+        import keras
+
+        return keras.backend.backend()
+    return name or type(ops).__name__
+
+
+def _device(backend: str, x: Any) -> str | None:
+    if backend == "torch":
+        return getattr(getattr(x, "device", None), "type", None)
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+    return "cpu"
+
+
+def _can_time(ops: Any, backend: str, x: Any) -> tuple[bool, str]:
+    """Whether `fused_attention_pays` can time now, and why not."""
+    keras = sys.modules.get("keras")
+    if keras is not None and isinstance(x, keras.KerasTensor):
+        return False, "Keras symbolic tensors (nothing runs)"
+    if backend == "torch":
+        if torch_is_tracing():
+            return False, "torch.compile or torch.jit traces the call"
+        if getattr(x, "device", None) is not None and x.device.type == "meta":
+            return False, "meta tensors (shape inference)"
+    return True, ""
+
+
+def torch_is_tracing() -> bool:
+    """True while ``torch.compile`` (dynamo), ``torch.export`` or ``torch.jit`` traces the
+    caller: nothing may be timed then (the timing code would be traced)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
+        return True
+    return bool(torch.jit.is_tracing() or torch.jit.is_scripting())
+
+
+def _eager(backend: str) -> Any:
+    """A context in which operations run eagerly even while ``jax.jit`` or
+    ``tf.function`` traces the caller."""
+    if backend == "jax":
+        import jax
+
+        return jax.ensure_compile_time_eval()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.init_scope()
+    return contextlib.nullcontext()
+
+
+def _compiled(backend: str, fn: Callable[..., Any], tensors: list) -> Callable[[], Any]:
+    """``fn(*tensors)`` as a zero-argument call, compiled as the user's calls are on
+    JAX (``jax.jit``) and TensorFlow (``tf.function``)."""
+    if backend == "jax":
+        import jax
+
+        jitted = jax.jit(fn)
+        return lambda: jitted(*tensors)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        graph = tf.function(fn)
+        return lambda: graph(*tensors)
+    return lambda: fn(*tensors)
+
+
+def _sync(backend: str, device: str | None) -> Callable[[Any], Any] | None:
+    if backend == "jax":
+        return lambda out: out.block_until_ready()
+    if backend == "tensorflow":
+        return lambda out: out.numpy()
+    if backend == "torch" and device == "cuda":
+        import torch
+
+        return lambda out: torch.cuda.synchronize()
+    return None

@@ -1,0 +1,286 @@
+"""Kernel choices by measurement (`multiattn.tuning`) on each backend: the projection
+library on torch (override, one timing per shape class, the same results whichever
+library wins, nothing timed while a compiler traces) and fused-or-explicit attention.
+
+Where a test depends on which candidate wins, the timing is replaced by a fake that
+declares the winner and counts how often it runs; no assertion depends on how fast
+anything actually runs."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from _support import BACKEND, assert_close, cast
+
+from multiattn import config, tuning
+from multiattn._namespace import get_ops
+
+RNG = np.random.default_rng(11)
+torch_only = pytest.mark.skipif(BACKEND != "torch", reason="the projection choice is PyTorch's")
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.delenv(config.ONEDNN_ENV_VAR, raising=False)
+    tuning.reset()
+    config.set_torch_onednn(None)
+    yield
+    tuning.reset()
+    config.set_torch_onednn(None)
+
+
+def fake_timing(monkeypatch, winner: str) -> list:
+    """Replace the timing by one in which ``winner`` takes 1 ms and the others 2 ms;
+    returns the list of timed candidate sets (one entry per timing)."""
+    timed: list = []
+
+    def measure(fns, repeats, sync):
+        timed.append(sorted(fns))
+        return {name: [0.001 if name == winner else 0.002] for name in fns}, {}
+
+    monkeypatch.setattr(tuning, "_measure", measure)
+    return timed
+
+
+def no_timing(monkeypatch) -> None:
+    def measure(fns, repeats, sync):
+        raise AssertionError("nothing should be timed here")
+
+    monkeypatch.setattr(tuning, "_measure", measure)
+
+
+@pytest.fixture
+def routes(monkeypatch):
+    """Counts the products run by each library (``{"onednn": n, "blas": n}``)."""
+    from multiattn import _torch_matmul
+
+    if not _torch_matmul.available():
+        pytest.skip("this PyTorch build has no oneDNN linear operator")
+    counts = {"onednn": 0, "blas": 0}
+    for name in counts:
+        real = getattr(_torch_matmul, name)
+
+        def counted(*args, _name=name, _real=real):
+            counts[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(_torch_matmul, name, counted)
+    return counts
+
+
+def _projection(rows_a: int, rows_b: int, width: int = 16, out: int = 8):
+    x = RNG.standard_normal((rows_a, rows_b, width))
+    kernel = RNG.standard_normal((width, out))
+    bias = RNG.standard_normal((out,))
+    return x, kernel, bias
+
+
+def _forward_backward(x, kernel, bias, w=None):
+    """Value and the gradients of ``sum(linear * w)`` (float32 torch), as float64 NumPy."""
+    import torch
+
+    if w is None:
+        w = RNG.standard_normal(x.shape[:-1] + kernel.shape[-1:])
+    leaves = [torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in (x, kernel, bias)]
+    y = get_ops().linear(*leaves)
+    grads = torch.autograd.grad((y * torch.tensor(w, dtype=torch.float32)).sum(), leaves)
+    return [t.detach().numpy().astype(np.float64) for t in (y, *grads)], w
+
+
+@torch_only
+@pytest.mark.parametrize("setting", ["set", "env"])
+def test_override_is_obeyed(monkeypatch, routes, setting):
+    no_timing(monkeypatch)
+    x, kernel, bias = _projection(3, 10)
+
+    def force(value: bool) -> None:
+        if setting == "set":
+            config.set_torch_onednn(value)
+        else:
+            monkeypatch.setenv(config.ONEDNN_ENV_VAR, "on" if value else "0")
+
+    force(True)
+    _forward_backward(x, kernel, bias)
+    assert routes == {"onednn": 3, "blas": 0}  # forward, input and weight gradients
+    force(False)
+    _forward_backward(x, kernel, bias)
+    assert routes == {"onednn": 3, "blas": 0}  # PyTorch's own einsum
+    assert tuning.decisions() == []
+
+
+@torch_only
+def test_timing_runs_once_per_shape_class(monkeypatch, routes):
+    timed = fake_timing(monkeypatch, "blas")
+    ops = get_ops()
+    for rows_a, rows_b in ((3, 10), (2, 14), (3, 10)):  # 30, 28, 30 rows: class 32
+        ops.linear(*(cast(a, "float32") for a in _projection(rows_a, rows_b)))
+    assert timed == [["blas", "onednn"]]
+    assert routes == {"onednn": 0, "blas": 3}
+    ops.linear(*(cast(a, "float32") for a in _projection(5, 10)))  # 50 rows: class 64
+    assert len(timed) == 2
+    ops.linear(*(cast(a, "float32") for a in _projection(3, 10, width=40)))  # in 64
+    assert len(timed) == 3
+    # the backward pass decides its two products for their own shapes, once
+    for _ in range(2):
+        _forward_backward(*_projection(3, 10))
+    assert len(timed) == 5
+    found = tuning.decisions()
+    assert all(d["op"] == "torch-linear" and d["choice"] == "blas" for d in found)
+    assert {(d["shape_class"]["rows"], d["shape_class"]["in"]) for d in found} == {
+        (32, 16),
+        (64, 16),
+        (32, 64),
+        (32, 8),  # input gradient: (30, 8) @ (8, 16)
+        (16, 32),  # weight gradient: (16, 30) @ (30, 8)
+    }
+    assert routes == {"onednn": 0, "blas": 3 + 2 + 3 * 2}
+
+
+@torch_only
+def test_either_winner_gives_the_same_results(monkeypatch, routes):
+    x, kernel, bias = _projection(4, 9, width=24, out=12)
+    w = RNG.standard_normal((4, 9, 12))
+    results = {}
+    for winner in ("onednn", "blas"):
+        tuning.reset()
+        fake_timing(monkeypatch, winner)
+        before = dict(routes)
+        results[winner], _ = _forward_backward(x, kernel, bias, w)
+        assert routes[winner] - before[winner] == 3
+        assert {d["choice"] for d in tuning.decisions()} == {winner}
+    y = np.tensordot(x, kernel, 1) + bias
+    want = [y, np.tensordot(w, kernel, (2, 1)), np.tensordot(x, w, ((0, 1), (0, 1))), w.sum((0, 1))]
+    for got in results.values():
+        for g, expected in zip(got, want):
+            assert_close(g, expected, "float32")
+    for a, b in zip(results["onednn"], results["blas"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
+
+
+@torch_only
+@pytest.mark.parametrize("layout", ["rows", "cols", "strided"])
+def test_both_libraries_compute_the_same_product(layout):
+    import torch
+
+    from multiattn import _torch_matmul
+
+    if not _torch_matmul.available():
+        pytest.skip("this PyTorch build has no oneDNN linear operator")
+    gen = torch.Generator().manual_seed(3)
+    a = _torch_matmul._random(37, 20, layout, gen)
+    b = _torch_matmul._random(20, 11, "cols" if layout == "rows" else "rows", gen)
+    assert _torch_matmul._layout(a) == layout
+    bias = torch.randn(11, generator=gen)
+    want = a.double() @ b.double() + bias.double()
+    for fn in (_torch_matmul.onednn, _torch_matmul.blas):
+        assert_close(fn(a, b, bias), want.numpy(), "float32")
+
+
+@torch_only
+def test_nothing_is_timed_while_a_compiler_traces(monkeypatch, routes):
+    import torch
+
+    from multiattn import _torch_matmul
+
+    no_timing(monkeypatch)
+    monkeypatch.setattr(tuning, "torch_is_tracing", lambda: True)
+    _forward_backward(*_projection(3, 10))
+    assert routes == {"onednn": 0, "blas": 0}  # PyTorch's own einsum
+    a, b = torch.randn(30, 16), torch.randn(16, 8)
+    assert _torch_matmul.route(a, b, None) == "blas"
+    (decision,) = tuning.decisions()
+    assert decision["how"] == "fallback" and "torch.compile" in decision["reason"]
+
+
+@torch_only
+def test_real_measurement_is_recorded(routes):
+    _forward_backward(*_projection(3, 10))
+    found = tuning.decisions()
+    assert len(found) == 3 and all(d["how"] == "measured" for d in found)
+    for d in found:
+        assert set(d["median_ms"]) == {"onednn", "blas"} and d["choice"] in d["median_ms"]
+        assert d["shape_class"]["threads"] >= 1 and d["timed"]
+    assert sum(routes.values()) == 3  # forward, input and weight gradients
+
+
+# --- fused or explicit attention ------------------------------------------------------
+
+
+def _explicit(ops, q, k, v, scale):
+    from multiattn.ops.attention import _explicit_attention
+
+    return _explicit_attention(ops, q, k, v, None, scale, 0.0, False, None, False)[0]
+
+
+def _qkv(tq: int, tk: int, heads: int = 2, dim: int = 4):
+    return [cast(RNG.standard_normal((1, n, heads, dim)), "float32") for n in (tq, tk, tk)]
+
+
+def _has_fused(ops) -> bool:
+    return hasattr(ops, "fused_attention")
+
+
+@pytest.mark.parametrize("winner", ["fused", "explicit"])
+def test_attention_choice_follows_the_timing_once_per_class(monkeypatch, winner):
+    ops = get_ops()
+    timed = fake_timing(monkeypatch, winner)
+    for tq in (5, 7, 8):  # one class: 8 queries
+        got = tuning.fused_attention_pays(ops, *_qkv(tq, 6), explicit=_explicit)
+        assert got is (winner == "fused")
+    assert timed == [["explicit", "fused"]]
+    tuning.fused_attention_pays(ops, *_qkv(9, 6), explicit=_explicit)
+    assert len(timed) == 2
+    (first, second) = tuning.decisions()
+    assert first["op"] == "attention" and first["shape_class"]["queries"] == 8
+    assert second["shape_class"]["queries"] == 16 and first["shape_class"]["backend"] == BACKEND
+
+
+def test_long_attention_is_timed_on_fewer_queries(monkeypatch):
+    """One head of 8192 x 8192 scores is over the cap: the timing takes 2048 queries."""
+    fake_timing(monkeypatch, "fused")
+    q, k, v = _qkv(8192, 8192, heads=1, dim=4)
+    assert tuning.fused_attention_pays(get_ops(), q, k, v, explicit=_explicit)
+    (decision,) = tuning.decisions()
+    assert 2 * 8192 * 8 * 2048 <= tuning.FLOP_CAP
+    assert decision["timed"].startswith("(1, 2048, 1, 4) queries, (1, 8192, 1, 4/4)")
+
+
+def test_attention_choice_is_measured_eagerly():
+    ops = get_ops()
+    got = tuning.fused_attention_pays(ops, *_qkv(8, 8), explicit=_explicit)
+    (decision,) = tuning.decisions()
+    assert decision["how"] == "measured" and set(decision["median_ms"]) == {"fused", "explicit"}
+    assert got is (decision["choice"] == "fused")
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="traced backends")
+def test_attention_choice_is_measured_outside_the_trace():
+    ops = get_ops()
+    q, k, v = _qkv(8, 8)
+    seen = []
+
+    def traced(q, k, v):
+        seen.append(tuning.fused_attention_pays(ops, q, k, v, explicit=_explicit))
+        return q
+
+    if BACKEND == "jax":
+        import jax
+
+        jax.jit(traced)(q, k, v)
+    else:
+        import tensorflow as tf
+
+        tf.function(traced)(q, k, v)
+    (decision,) = tuning.decisions()
+    assert decision["how"] == "measured" and seen == [decision["choice"] == "fused"]
+
+
+def test_symbolic_tensors_take_the_namespace_default(monkeypatch):
+    no_timing(monkeypatch)
+    ops = get_ops()
+    q = keras.KerasTensor((1, 8, 2, 4), dtype="float32")
+    got = tuning.fused_attention_pays(ops, q, q, q, explicit=_explicit)
+    assert got is bool(getattr(ops, "fused_attention_pays", True))
+    (decision,) = tuning.decisions()
+    assert decision["how"] == "fallback" and "symbolic" in decision["reason"]

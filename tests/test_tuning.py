@@ -1,0 +1,210 @@
+"""`multiattn.tuning` without a framework: the decision cache, its fallbacks, the
+interleaved timing (on a fake clock: no assertion here depends on how fast anything runs)
+and the CPU description."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from multiattn import tuning
+
+X86 = """\
+processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu vme sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 avx512f avx512dq \
+avx512bw avx512vl avx512_bf16 amx_bf16 amx_tile amx_int8
+bugs\t\t: spectre_v1
+
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu
+"""
+AVX2_ONLY = """\
+processor\t: 0
+model name\t: AMD EPYC 7B12
+flags\t\t: fpu sse4_2 avx fma f16c avx2
+"""
+ARM = """\
+processor\t: 0
+BogoMIPS\t: 243.75
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics asimdhp sve sve2 bf16 i8mm
+CPU implementer\t: 0x41
+"""
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    tuning.reset()
+    yield
+    tuning.reset()
+
+
+def test_parse_cpuinfo_x86():
+    info = tuning.parse_cpuinfo(X86)
+    assert info["model"] == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"
+    assert "avx512_bf16" in info["flags"] and "fpu" in info["flags"]
+    assert info["isa"] == [
+        "sse4_2",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512dq",
+        "avx512bw",
+        "avx512vl",
+        "avx512_bf16",
+        "amx_tile",
+        "amx_bf16",
+        "amx_int8",
+    ]
+
+
+def test_parse_cpuinfo_avx2_only_and_arm():
+    info = tuning.parse_cpuinfo(AVX2_ONLY)
+    assert info["model"] == "AMD EPYC 7B12"
+    assert info["isa"] == ["sse4_2", "avx", "avx2", "fma", "f16c"]
+    assert not any(f.startswith("avx512") for f in info["isa"])
+    arm = tuning.parse_cpuinfo(ARM)
+    assert arm["model"] == ""  # no model line; the core numbers are not a model
+    assert arm["isa"] == ["asimd", "asimdhp", "bf16", "i8mm", "sve", "sve2"]
+    assert tuning.parse_cpuinfo("") == {"model": "", "flags": [], "isa": []}
+
+
+def test_cpu_info_of_this_machine():
+    info = tuning.cpu_info()
+    assert isinstance(info["model"], str) and info["model"]
+    assert set(info["isa"]) <= set(info["flags"]) and info["cores"] >= 1
+
+
+class FakeClock:
+    """A clock that only the candidates move: each adds its own cost."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.log: list[str] = []
+
+    def __call__(self):
+        return self.now
+
+    def candidate(self, name: str, cost: float):
+        def run():
+            self.log.append(name)
+            self.now += cost
+            return name
+
+        return run
+
+
+def test_faster_candidate_wins_and_timing_is_interleaved(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(tuning, "_clock", clock)
+    built = []
+
+    def candidates():
+        built.append(1)
+        return {"a": clock.candidate("a", 0.003), "b": clock.candidate("b", 0.001)}, "sizes"
+
+    cls = {"rows": 64, "dtype": "float32"}
+    assert tuning.decide("op", cls, candidates, fallback="a") == "b"
+    # two untimed calls each, then rounds alternating which goes first (each call here
+    # outlasts MIN_SAMPLE_S: one call per sample)
+    rounds = [name for r in range(tuning.REPEATS) for name in ("ab" if r % 2 == 0 else "ba")]
+    assert clock.log == ["a", "a", "b", "b", *rounds]
+    (decision,) = tuning.decisions()
+    assert decision["choice"] == "b" and decision["how"] == "measured"
+    assert decision["median_ms"] == pytest.approx({"a": 3.0, "b": 1.0})
+    assert decision["shape_class"] == cls and decision["timed"] == "sizes"
+    # cached: no timing for the same class, a new one for another class
+    for _ in range(3):
+        assert tuning.decide("op", cls, candidates, fallback="a") == "b"
+    assert built == [1]
+    tuning.decide("op", {"rows": 128, "dtype": "float32"}, candidates, fallback="a")
+    assert built == [1, 1] and len(tuning.decisions()) == 2
+
+
+def test_nothing_is_timed_while_tracing(monkeypatch):
+    calls = []
+    monkeypatch.setattr(tuning, "_measure", lambda *a: calls.append(1) or ({"x": [1.0]}, {}))
+
+    def candidates():
+        return {"x": lambda: None}, ""
+
+    cls = {"n": 1}
+    got = tuning.decide("op", cls, candidates, fallback="y", measurable=False, reason="traced")
+    assert got == "y" and calls == []
+    assert tuning.decisions() == [
+        {
+            "op": "op",
+            "shape_class": cls,
+            "choice": "y",
+            "how": "fallback",
+            "median_ms": {},
+            "timed": "",
+            "reason": "traced",
+        }
+    ]
+    # the fallback is not cached: an eager call measures, and tracing then reuses it
+    assert tuning.decide("op", cls, candidates, fallback="y") == "x" and calls == [1]
+    assert tuning.decide("op", cls, candidates, fallback="y", measurable=False) == "x"
+    assert [d["how"] for d in tuning.decisions()] == ["measured"]
+
+
+def test_short_calls_are_repeated_within_a_sample(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(tuning, "_clock", clock)
+    cost = tuning.MIN_SAMPLE_S / 4.5  # five calls per sample
+
+    def candidates():
+        return {"short": clock.candidate("short", cost)}, ""
+
+    tuning.decide("op", {"n": 1}, candidates, fallback="short")
+    assert len(clock.log) == 2 + 5 * tuning.REPEATS
+    assert tuning.decisions()[0]["median_ms"]["short"] == pytest.approx(cost * 1e3)
+
+
+def test_failing_candidates_drop_out(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(tuning, "_clock", clock)
+
+    def broken():
+        raise RuntimeError("no kernel for this input")
+
+    def candidates():
+        return {"fast": broken, "slow": clock.candidate("slow", 1.0)}, ""
+
+    assert tuning.decide("op", {"n": 1}, candidates, fallback="fast") == "slow"
+    assert tuning.decide("op", {"n": 2}, lambda: ({"a": broken}, ""), fallback="z") == "z"
+    fallback = tuning.decisions()[1]
+    assert fallback["how"] == "fallback" and "no kernel" in fallback["reason"]
+
+
+def test_concurrent_first_calls_time_once(monkeypatch):
+    built = []
+    start = threading.Barrier(8)
+
+    def candidates():
+        built.append(1)
+        return {"a": lambda: None, "b": lambda: None}, ""
+
+    results = []
+
+    def call():
+        start.wait()
+        results.append(tuning.decide("op", {"n": 1}, candidates, fallback="a"))
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert built == [1] and len(set(results)) == 1 and len(results) == 8
+
+
+def test_bucket():
+    assert [tuning.bucket(n) for n in (0, 1, 2, 3, 64, 65, 4096)] == [1, 1, 2, 4, 64, 128, 4096]
