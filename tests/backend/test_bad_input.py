@@ -333,6 +333,43 @@ NAMED_ERRORS = {
         "`base`",
     ),
     "rotary_embedding_x_none": (lambda: ops.rotary_embedding(None), TypeError, "`x`"),
+    "decoder_context_valid_lens_past_the_source": (
+        lambda: _decoder()(_f32(X8), _f32(X8), context_valid_lens=np.array([4, 1])),
+        ValueError,
+        "`context_valid_lens` may not exceed",
+    ),
+    "decoder_context_valid_lens_negative": (
+        lambda: _decoder()(_f32(X8), _f32(X8), context_valid_lens=np.array([1, -1])),
+        ValueError,
+        "`context_valid_lens` must hold non-negative",
+    ),
+    "layer_norm_axis_out_of_range": (
+        lambda: layers.LayerNormalization(axis=5)(_f32(X8)),
+        ValueError,
+        "`axis` 5 is out of range",
+    ),
+    "layer_norm_center_string": (
+        lambda: layers.LayerNormalization(center="no"),
+        TypeError,
+        "`center` must be a bool",
+    ),
+    "layer_norm_int_inputs": (
+        lambda: layers.LayerNormalization()(
+            keras.ops.convert_to_tensor(np.ones(X8.shape, "int32"))
+        ),
+        TypeError,
+        "`inputs` must be a floating tensor",
+    ),
+    "valid_lens_to_mask_scores_shape_string": (
+        lambda: ops.valid_lens_to_mask(np.array([1, 2]), "abc"),
+        ValueError,
+        "`scores_shape`",
+    ),
+    "valid_lens_to_mask_scores_shape_negative": (
+        lambda: ops.valid_lens_to_mask(np.array([0, 0]), (2, 3, -1)),
+        ValueError,
+        "`scores_shape`",
+    ),
 }
 
 
