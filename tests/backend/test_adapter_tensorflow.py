@@ -188,9 +188,11 @@ def test_sdpa_equals_the_documents_float32_arithmetic():
         to_np(want_w @ v),
         1e-6,
     )
-    # The document's uniform rows, bit for bit.
-    np.testing.assert_array_equal(to_np(want_w)[0], np.float32(0.2))
-    np.testing.assert_array_equal(to_np(weights)[0], to_np(want_w)[0])
+    # The document's uniform rows (batch 0 is fully padded): 0.2 up to TensorFlow's
+    # rounding of its softmax, which differs between CPUs (0.19999999 without AVX-512).
+    uniform = np.full(to_np(want_w)[0].shape, 0.2, np.float32)
+    np.testing.assert_array_max_ulp(to_np(want_w)[0].astype(np.float32), uniform, maxulp=4)
+    np.testing.assert_array_max_ulp(to_np(weights)[0].astype(np.float32), uniform, maxulp=4)
 
 
 @pytest.mark.parametrize("case", ["padding_empty", "random_rows", "look_ahead"])
