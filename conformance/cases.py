@@ -14,7 +14,12 @@ Ops and what a target must return (see ``docs/conformance.md``):
 * ``dot_scores``, ``scaled_dot_scores``, ``additive_scores``, ``general_scores``: ``output``.
 * ``sdpa``: ``output`` and the attention ``weights``. ``params["block_size"]`` (the
   ``sdpa_blockwise_*`` variants) asks a target that has a blockwise path to compute the
-  output with blocks of that many queries and keys; the expectations are the same.
+  output with blocks of that many queries and keys; the expectations are the same. The
+  grouped-query cases (``sdpa_*gqa_*``, ``sdpa_mqa``) are rank 4 with the heads on axis
+  -3 and fewer key/value heads than query heads: query head ``h`` attends key/value head
+  ``h // (H / H_kv)``. In the ``sdpa_*poisoned_*`` cases the keys and values that no
+  query may attend hold NaN, ``inf`` or ``1e30``: the expectations are those of any other
+  values there (their gradients are 0).
 * ``mha``: ``output``, ``weights``; flat projection weights ``W_q (E_q, H*D)`` ...
   ``W_o (H*Dv, E_out)`` with biases, heads split by ``params["head_layout"]`` and merged
   contiguously (the PaddlePaddle document's interleaved split uses ``"interleaved"``).
@@ -138,6 +143,14 @@ def _masks(inputs: dict) -> dict:
     return {k: inputs[k] for k in ("valid_lens", "mask") if k in inputs}
 
 
+def repeat_kv_heads(query: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """A key or value ``x`` with fewer heads (axis -3) than ``query``, each head repeated
+    for its group of query heads (query head ``h`` attends head ``h // (H / H_kv)``)."""
+    if x.ndim < 3 or x.shape[-3] == query.shape[-3]:
+        return x
+    return np.repeat(x, query.shape[-3] // x.shape[-3], axis=-3)
+
+
 def oracle(op: str, inputs: dict, weights: dict, params: dict) -> dict[str, np.ndarray]:
     """Expected outputs of ``op`` in float64."""
     if op == "masked_softmax":
@@ -157,14 +170,18 @@ def oracle(op: str, inputs: dict, weights: dict, params: dict) -> dict[str, np.n
     if op == "general_scores":
         return {"output": ref.general_scores(inputs["query"], inputs["key"], weights["w"])}
     if op == "sdpa":
-        out, w = ref.scaled_dot_product_attention(
-            inputs["query"],
-            inputs["key"],
-            inputs["value"],
-            causal=params.get("causal", False),
-            scale=params.get("scale"),
-            **_masks(inputs),
-        )
+        query = inputs["query"]
+        # an infinite key no query may attend gives inf - inf in its scores, which the
+        # oracle selects away: no warning for it
+        with np.errstate(invalid="ignore"):
+            out, w = ref.scaled_dot_product_attention(
+                query,
+                repeat_kv_heads(query, inputs["key"]),
+                repeat_kv_heads(query, inputs["value"]),
+                causal=params.get("causal", False),
+                scale=params.get("scale"),
+                **_masks(inputs),
+            )
         return {"output": out, "weights": w}
     if op == "mha":
         value = inputs["query"] if params.get("self") else inputs["value"]
@@ -387,6 +404,8 @@ def _sdpa(variant: str):
             tk = 6
         if kind == "causal_more_queries":
             tq, tk = 6, 3
+        if kind == "causal_one_query":  # one query, which sees every key
+            tq, tk = 1, 5
         if kind == "value_dim":
             dv = 3
         if kind == "everything":
@@ -416,7 +435,70 @@ def _sdpa(variant: str):
             inputs["valid_lens"] = np.array([[7, 3, 7, 0, 5], [2, 7, 7, 6, 7]], dtype=np.int32)
             params.update(causal=True, scale=0.7)
         if blockwise:
-            params["block_size"] = 2 if kind in ("causal_more_queries", "lens_2d") else 3
+            small = ("causal_more_queries", "lens_2d", "causal_one_query")
+            params["block_size"] = 2 if kind in small else 3
+        return inputs, {}, params
+
+    return build
+
+
+POISON = {"nan": np.nan, "inf": np.inf, "huge": 1e30}
+
+
+def _sdpa_poisoned(variant: str):
+    """``[blockwise_]poisoned_<nan|inf|huge>``: the keys and values of batch element 0 that
+    no query may attend hold `POISON`. Query 0 has length 0; key 1 is hidden by the mask,
+    keys 4 and 5 by the causal rule (query ``i`` sees keys ``j <= i + 2``) for the first
+    queries and by their lengths for the last. Batch element 1 is clean (a layer that lets
+    the poison through still has rows to compare there)."""
+    blockwise = variant.startswith("blockwise_")
+    poison = POISON[variant.removeprefix("blockwise_").removeprefix("poisoned_")]
+
+    def build(rng):
+        tq, tk, d = 4, 6, 4
+        query, key, value = (_normal(rng, 2, t, d) for t in (tq, tk, tk))
+        mask = rng.random((2, tq, tk)) > 0.3
+        mask[:, :, 0] = True
+        mask[0, :, 1] = False
+        lens = np.array([[0, 6, 4, 4], [6, 3, 5, 6]], dtype=np.int32)
+        keep = mask & ref.valid_lens_mask(lens, mask.shape) & ref.causal_mask(tq, tk)
+        hidden = ~keep.any(axis=1)  # (batch, keys): keys no query may attend
+        hidden[1] = False
+        assert hidden[0, [1, 4, 5]].all()
+        key[hidden], value[hidden] = poison, poison
+        inputs = {"query": query, "key": key, "value": value, "valid_lens": lens, "mask": mask}
+        params: dict[str, Any] = {"causal": True}
+        if blockwise:
+            params["block_size"] = 2  # keys 4 and 5 fill a block
+        return inputs, {}, params
+
+    return build
+
+
+def _sdpa_grouped(variant: str):
+    """``[blockwise_]gqa_causal_lens``: 4 query heads over 2 key/value heads, causal, with
+    per-query lengths; ``mqa``: one key/value head, a mask per query head, more keys than
+    queries. Rank 4, heads on axis -3."""
+    blockwise = variant.startswith("blockwise_")
+    kind = variant.removeprefix("blockwise_")
+
+    def build(rng):
+        hkv, tq, tk, d = (2, 4, 4, 2) if kind == "gqa_causal_lens" else (1, 3, 5, 2)
+        inputs: dict[str, Any] = {
+            "query": _normal(rng, 2, 4, tq, d),
+            "key": _normal(rng, 2, hkv, tk, d),
+            "value": _normal(rng, 2, hkv, tk, d),
+        }
+        params: dict[str, Any] = {}
+        if kind == "gqa_causal_lens":
+            params["causal"] = True
+            inputs["valid_lens"] = np.array([[4, 2, 4, 3], [3, 1, 4, 2]], dtype=np.int32)
+        else:
+            mask = rng.random((2, 4, tq, tk)) > 0.4
+            mask[..., 0] = True
+            inputs["mask"] = mask
+        if blockwise:
+            params["block_size"] = 2
         return inputs, {}, params
 
     return build
@@ -794,7 +876,32 @@ VARIANTS: list[Variant] = [
             "blockwise_lens_2d",
             "blockwise_mask",
             "blockwise_everything",
+            "causal_one_query",
+            "blockwise_causal_one_query",
         )
+    ),
+    # masked keys and values holding NaN, inf or 1e30 (float16 cannot hold 1e30: it is inf)
+    *(
+        Variant(
+            f"sdpa_{k}",
+            "sdpa",
+            "sdpa",
+            _sdpa_poisoned(k),
+            ALL_DTYPES if k.endswith(("nan", "inf")) else ("float64", "float32", "bfloat16"),
+        )
+        for k in (
+            "poisoned_nan",
+            "poisoned_inf",
+            "poisoned_huge",
+            "blockwise_poisoned_nan",
+            "blockwise_poisoned_inf",
+            "blockwise_poisoned_huge",
+        )
+    ),
+    # grouped-query and multi-query attention through the public op
+    *(
+        Variant(f"sdpa_{k}", "sdpa", "sdpa", _sdpa_grouped(k))
+        for k in ("gqa_causal_lens", "mqa", "blockwise_gqa_causal_lens")
     ),
     *(
         Variant(f"mha_{k}", "mha", "mha", _mha(k), tolerance=LAYER_TOL)

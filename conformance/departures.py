@@ -7,16 +7,22 @@ agree (NaN, uniform weights; see ``docs/fully-masked-rows.md``). For a native ta
 case is one of
 
 * ``pass``: agrees with the oracle within the case's tolerance;
-* ``depart``: departs, **only** on empty rows, in the way recorded in `KNOWN` below;
+* ``depart``: departs, **only** on empty rows or on poisoned rows, in the way recorded in
+  `KNOWN` below;
 * ``fail``: departs anywhere else, or differently from the record, or a recorded
   departure did not occur (the record is then out of date);
 * ``skip``: not applicable (the layer cannot express the case).
 
+*Poisoned rows* are the query rows of a batch element whose keys or values hold NaN or an
+infinity (the ``sdpa_*poisoned_*`` cases hold them only where no query may attend, so the
+oracle's answer is that of any other values there).
+
 `classify` measures a departure: for each returned array, the worst relative error over
-the rows that have an allowed key (these must agree) and what the empty rows hold:
+the other rows that have an allowed key (these must agree), what the empty rows hold:
 ``"nan"``, ``"uniform"`` (weights ``1/keys``; for an output, the mean of the values that
 weights ``1/keys`` give), ``"unmasked"`` (the softmax over every key, as if the row had
-no mask) or ``"zeros"`` (what the oracle wants, so no departure).
+no mask) or ``"zeros"`` (what the oracle wants, so no departure), and what the poisoned
+rows hold: ``"nan"`` or ``"agree"``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class Departure:
 
     * ``empty``: array name -> what its empty rows hold (``"nan"``, ``"uniform"``,
       ``"unmasked"``);
+    * ``poisoned``: array name -> what its poisoned rows hold (``"nan"``);
     * ``within``: the rows with an allowed key agree only to this relative error (the
       layer computes in a lower precision than the case's dtype);
     * ``raises``: the layer raises an error whose message contains this text.
@@ -48,6 +55,7 @@ class Departure:
     within: float | None = None
     raises: str = ""
     why: str = ""
+    poisoned: dict[str, str] = field(default_factory=dict)
 
 
 # sdpa cases with an empty row (a zero length, an all-False mask row, or more queries than
@@ -62,7 +70,10 @@ _EMPTY = (
     "sdpa_blockwise_mask_*",
     "sdpa_blockwise_causal_more_queries_*",
     "sdpa_blockwise_everything_*",
+    "sdpa_*poisoned_huge_*",  # query 0 (in the NaN and inf cases a poisoned row instead)
 )
+# NaN or inf in the keys and values no query may attend
+_POISONED = ("sdpa_*poisoned_nan_*", "sdpa_*poisoned_inf_*")
 _F32_LOGITS = "computes float64 attention logits in float32"
 _KERAS_MHA = (
     Departure(
@@ -78,6 +89,15 @@ _KERAS_MHA = (
 # for a target agrees with the oracle there (the layer gives zeros).
 KNOWN: dict[str, tuple[Departure, ...]] = {
     "native-torch": (
+        *(
+            Departure(
+                p,
+                poisoned={"output": "nan"},
+                why="the mask is added to the scores (NaN + -inf is NaN) and the zero weights "
+                "multiply the values (0 * NaN, 0 * inf)",
+            )
+            for p in _POISONED
+        ),
         Departure(
             "mha_masked_rows_*",
             {"output": "nan", "weights": "nan"},
@@ -88,6 +108,14 @@ KNOWN: dict[str, tuple[Departure, ...]] = {
         *(
             Departure(p, {"output": "uniform"}, why="masked scores become a large negative number")
             for p in _EMPTY
+        ),
+        *(
+            Departure(
+                p,
+                poisoned={"output": "nan"},
+                why="the zero weights of masked keys multiply their values (0 * NaN, 0 * inf)",
+            )
+            for p in _POISONED
         ),
         Departure(
             "mha_masked_rows_*",
@@ -136,6 +164,7 @@ def recorded(target: str, case_name: str) -> Departure | None:
         max(within) if within else None,
         next((d.raises for d in found if d.raises), ""),
         "; ".join(d.why for d in found if d.why),
+        {k: v for d in found for k, v in d.poisoned.items()},
     )
 
 
@@ -144,10 +173,11 @@ def recorded(target: str, case_name: str) -> Departure | None:
 
 def keep_mask(case: Case, heads: int = 1) -> np.ndarray:
     """The case's allowed (query, key) pairs, bool ``(batch, heads, queries, keys)``, from
-    its valid lengths, boolean mask and causal flag (oracle helpers, float64 side)."""
+    its valid lengths, boolean mask and causal flag (oracle helpers, float64 side). A mask
+    per head gives every head."""
     if case.op == "sdpa":
-        b, tq = case.inputs["query"].shape[:2]
-        tk = case.inputs["key"].shape[1]
+        b, tq = case.inputs["query"].shape[0], case.inputs["query"].shape[-2]
+        tk = case.inputs["key"].shape[-2]
     elif case.op == "mha":
         b, tq = case.inputs["query"].shape[:2]
         tk = tq if case.params.get("self") else case.inputs["value"].shape[1]
@@ -159,10 +189,20 @@ def keep_mask(case: Case, heads: int = 1) -> np.ndarray:
         keep &= ref.valid_lens_mask(case.inputs["valid_lens"], shape)
     if "mask" in case.inputs:
         m = np.asarray(case.inputs["mask"], dtype=bool)
-        keep &= m[:, None] if m.ndim == 3 else m
+        keep = keep & (m[:, None] if m.ndim == 3 else m)
     if case.params.get("causal"):
         keep &= ref.causal_mask(tq, tk)
     return keep
+
+
+def poisoned_rows(case: Case, shape: tuple[int, ...]) -> np.ndarray:
+    """The poisoned rows, bool of ``shape`` ``(batch, queries)`` or ``(batch, heads,
+    queries)``: every row of a batch element whose keys or values hold NaN or an infinity."""
+    if case.op != "sdpa":
+        return np.zeros(shape, dtype=bool)
+    k, v = case.inputs["key"], case.inputs["value"]
+    bad = ~(np.isfinite(k.reshape(len(k), -1)).all(1) & np.isfinite(v.reshape(len(v), -1)).all(1))
+    return np.broadcast_to(bad.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
 
 
 def _alternatives(case: Case, array: str) -> dict[str, np.ndarray]:
@@ -170,14 +210,13 @@ def _alternatives(case: Case, array: str) -> dict[str, np.ndarray]:
     ``"uniform"`` (weights ``1/keys`` on every key) and ``"unmasked"`` (the softmax over
     every key, as if there were no mask: what an additive mask of large finite values
     gives when the dtype is precise enough to keep the scores' differences)."""
-    from .cases import _mha_kernels
+    from .cases import _mha_kernels, repeat_kv_heads
 
     want = case.expected[array]
     p, x = case.params, case.inputs
     if case.op == "sdpa":
-        free = ref.scaled_dot_product_attention(
-            x["query"], x["key"], x["value"], scale=p.get("scale")
-        )
+        key, value = (repeat_kv_heads(x["query"], x[n]) for n in ("key", "value"))
+        free = ref.scaled_dot_product_attention(x["query"], key, value, scale=p.get("scale"))
     else:
         value = x["query"] if p.get("self") else x["value"]
         key = value if p.get("self") else x["key"]
@@ -188,7 +227,7 @@ def _alternatives(case: Case, array: str) -> dict[str, np.ndarray]:
     if array == "weights":
         return {"uniform": np.full(want.shape, 1.0 / want.shape[-1]), "unmasked": unmasked}
     if case.op == "sdpa":
-        mean = x["value"].mean(axis=-2, keepdims=True)  # (B, 1, dv)
+        mean = value.mean(axis=-2, keepdims=True)  # (B, [H,] 1, dv)
         return {"uniform": np.broadcast_to(mean, want.shape), "unmasked": unmasked}
     # mha: the mean of the projected values of every head, then the output projection
     w = _mha_kernels(case.weights, p)
@@ -203,10 +242,13 @@ def _alternatives(case: Case, array: str) -> dict[str, np.ndarray]:
 
 
 def classify(case: Case, result: dict[str, np.ndarray], tol: float) -> dict[str, dict]:
-    """Per returned array: ``rest_rel`` (max relative error over rows with an allowed key),
-    ``empty_rows`` (how many) and ``empty`` (``"none"``, ``"zeros"``, ``"nan"``,
-    ``"uniform"``, ``"unmasked"`` or ``"other"``; for ``"other"`` also ``empty_rel``). Rows within ``tol``
-    (relative) of the oracle, or of uniform weights, count as equal."""
+    """Per returned array: ``rest_rel`` (max relative error over the rows with an allowed
+    key that are not poisoned), ``empty_rows`` (how many, poisoned ones left out) and
+    ``empty`` (``"none"``, ``"zeros"``, ``"nan"``, ``"uniform"``, ``"unmasked"`` or
+    ``"other"``; for ``"other"`` also ``empty_rel``); where the case has poisoned rows,
+    ``poisoned_rows`` and ``poisoned`` (``"agree"``, ``"nan"`` or ``"other"``, then also
+    ``poisoned_rel``). Rows within ``tol`` (relative) of the oracle, or of uniform weights,
+    count as equal."""
     out = {}
     for name in ("output", "weights"):
         if name not in result or name not in case.expected:
@@ -216,16 +258,18 @@ def classify(case: Case, result: dict[str, np.ndarray], tol: float) -> dict[str,
         if got.shape != want.shape:
             out[name] = {"shape": list(got.shape), "expected_shape": list(want.shape)}
             continue
-        heads = want.shape[1] if name == "weights" and want.ndim == 4 else 1
+        heads = want.shape[1] if want.ndim == 4 else 1
         empty = ~keep_mask(case, heads).any(axis=-1)  # (B, heads, Tq)
-        if name == "output" or want.ndim == 3:
-            empty = empty.any(axis=1) if name == "output" else empty[:, 0]  # (B, Tq)
+        if want.ndim == 3:
+            empty = empty.any(axis=1)  # (B, Tq)
+        poisoned = poisoned_rows(case, empty.shape)
+        empty = empty & ~poisoned
         scale = float(np.abs(want).max(initial=0.0)) or 1.0
         err = np.abs(got - want) / scale
         err = np.where(np.isnan(err), np.inf, err)
         rows = err.max(axis=-1)  # one error per row
         info: dict = {
-            "rest_rel": float(rows[~empty].max(initial=0.0)),
+            "rest_rel": float(rows[~empty & ~poisoned].max(initial=0.0)),
             "empty_rows": int(empty.sum()),
         }
         if not empty.any():
@@ -238,12 +282,23 @@ def classify(case: Case, result: dict[str, np.ndarray], tol: float) -> dict[str,
             info["empty"] = "other"
             info["empty_rel"] = float(rows[empty].max())
             for kind, alt in _alternatives(case, name).items():
-                # the kind of answer, not its precision: -1e9 added in float64 rounds
-                # the scores to about 1e-7
-                if float(np.abs(got[empty] - alt[empty]).max() / scale) <= max(tol, KIND_TOL):
+                # the kind of answer, not its precision: -1e9 added in float64 rounds the
+                # scores to about 1e-7; relative to the answer itself where it is larger
+                # (uniform weights over masked values of 1e30)
+                size = max(scale, float(np.abs(alt[empty]).max()))
+                if float(np.abs(got[empty] - alt[empty]).max() / size) <= max(tol, KIND_TOL):
                     info["empty"] = kind
                     del info["empty_rel"]
                     break
+        if poisoned.any():
+            info["poisoned_rows"] = int(poisoned.sum())
+            if np.isnan(got[poisoned]).any():
+                info["poisoned"] = "nan"
+            elif rows[poisoned].max() <= tol:
+                info["poisoned"] = "agree"
+            else:
+                info["poisoned"] = "other"
+                info["poisoned_rel"] = float(rows[poisoned].max())
         out[name] = info
     return out
 
@@ -262,9 +317,10 @@ def verdict(
     if dep is not None and dep.raises:
         return "fail", f"the recorded error ({dep.raises!r}) was not raised"
     if passed:
-        if dep is None or (not dep.empty and dep.within is not None):
+        if dep is None or (not dep.empty and not dep.poisoned and dep.within is not None):
             return "pass", ""  # a precision allowance is not required to be used
-        return "fail", f"the recorded departure ({_describe(dep.empty)}) did not occur"
+        recorded_text = _describe(dep.empty, poisoned=dep.poisoned)
+        return "fail", f"the recorded departure ({recorded_text}) did not occur"
     tol = case.tolerance["output"]
     if dep is not None and dep.within is not None:
         tol = max(tol, dep.within)
@@ -281,20 +337,33 @@ def verdict(
         if info["empty"] in ("nan", "uniform", "unmasked", "other"):
             extra = f" (error {info['empty_rel']:.1e})" if info["empty"] == "other" else ""
             text.append(f"{name} {info['empty']}{extra} on {info['empty_rows']} empty rows")
+        if info.get("poisoned") in ("nan", "other"):
+            extra = f" (error {info['poisoned_rel']:.1e})" if info["poisoned"] == "other" else ""
+            text.append(
+                f"{name} {info['poisoned']}{extra} on {info['poisoned_rows']} poisoned rows"
+            )
     description = "; ".join(text) or "departs"
     observed = {
         n: i["empty"] for n, i in found.items() if i.get("empty") in ("nan", "uniform", "unmasked")
     }
-    clean = all(i["rest_rel"] <= tol and i["empty"] != "other" for i in found.values())
-    if dep is not None and clean and observed == dep.empty:
+    observed_poisoned = {n: i["poisoned"] for n, i in found.items() if i.get("poisoned") == "nan"}
+    clean = all(
+        i["rest_rel"] <= tol and "other" not in (i["empty"], i.get("poisoned"))
+        for i in found.values()
+    )
+    if dep is not None and clean and observed == dep.empty and observed_poisoned == dep.poisoned:
         return "depart", description
     if dep is not None:
-        return "fail", f"{description}; recorded: {_describe(dep.empty, dep.within)}"
+        recorded_text = _describe(dep.empty, dep.within, dep.poisoned)
+        return "fail", f"{description}; recorded: {recorded_text}"
     return "fail", description + " (not a recorded departure)"
 
 
-def _describe(empty: dict[str, str], within: float | None = None) -> str:
+def _describe(
+    empty: dict[str, str], within: float | None = None, poisoned: dict[str, str] | None = None
+) -> str:
     parts = [f"{name} {kind} on empty rows" for name, kind in empty.items()]
+    parts += [f"{name} {kind} on poisoned rows" for name, kind in (poisoned or {}).items()]
     if within is not None:
         parts.append(f"other rows within {within:.0e}")
     return ", ".join(parts) or "none"

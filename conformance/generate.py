@@ -90,8 +90,8 @@ def _is_grad(key: str) -> bool:
 
 
 def _same(key: str, a: np.ndarray, b: np.ndarray, grad_scale: float) -> bool:
-    if np.array_equal(a, b):
-        return True
+    if np.array_equal(a, b, equal_nan=a.dtype.kind == "f" and b.dtype.kind == "f"):
+        return True  # NaN where the other has NaN (the poisoned inputs) is the same
     if not (key.startswith("expected/") or _is_grad(key)) or a.dtype.kind != "f":
         return False
     if not (

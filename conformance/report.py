@@ -136,7 +136,7 @@ def print_native_summary(results: dict[str, dict], console: Any) -> None:
         return
     table = Table(
         title="frameworks' own layers: agree with the oracle / recorded departure "
-        "(fully masked rows) / not applicable / FAIL"
+        "(fully masked rows, NaN or inf in masked keys) / not applicable / FAIL"
     )
     for col in ("target", "agree", "depart", "n/a", "fail"):
         table.add_column(col, justify="left" if col == "target" else "right")
@@ -220,8 +220,8 @@ th.c{{height:190px;white-space:nowrap;vertical-align:bottom}} th.c div{{transfor
 tbody th{{text-align:right;padding-right:8px;font-size:13px}}</style></head><body>
 <h1>multiattn conformance</h1><p>{html.escape(json.dumps(meta))}</p>
 <p>Cell colour: max relative error against the float64 oracle on a log scale, green (far below the case's
-tolerance) to yellow (at the tolerance); red: failed or errored; blue: a framework's own layer departs on fully
-masked rows as recorded; grey: the target does not support the case.
+tolerance) to yellow (at the tolerance); red: failed or errored; blue: a framework's own layer departs as
+recorded (fully masked rows, NaN or inf in masked keys); grey: the target does not support the case.
 Hover a cell for the numbers.</p>
 <table><thead><tr><th></th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></body></html>"""
     Path(path).write_text(doc)

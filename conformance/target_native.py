@@ -1,12 +1,13 @@
 """The frameworks' own attention layers as (informative) conformance targets.
 
 Each target runs a framework's layer on the cases it can express: scaled dot-product
-attention cases through the framework's SDPA function, multi-head attention cases
-through its MHA layer with the fixture's weights loaded into the layer's parameters
-(layout translation only). Masks go through `multiattn.port.masks`, from the case's
-canonical keep mask to the layer's own convention. Outputs only (and the attention
-weights where the layer returns them); no gradients. Departures on fully masked rows are
-expected and recorded in `multiattn.conformance.departures`.
+attention cases through the framework's SDPA function (grouped-query cases with its own
+grouped heads), multi-head attention cases through its MHA layer with the fixture's
+weights loaded into the layer's parameters (layout translation only). Masks go through
+`multiattn.port.masks`, from the case's canonical keep mask to the layer's own convention.
+Outputs only (and the attention weights where the layer returns them); no gradients.
+Departures on fully masked rows, and where NaN or an infinity in masked keys and values
+reaches the output, are expected and recorded in `multiattn.conformance.departures`.
 """
 
 from __future__ import annotations
@@ -24,19 +25,20 @@ HALF = ("float16", "bfloat16")
 
 
 def case_keep(case: Case) -> np.ndarray:
-    """The case's canonical keep mask ``(batch, 1, queries, keys)``, built with
+    """The case's canonical keep mask ``(batch, 1 or heads, queries, keys)``, built with
     `multiattn.port.masks` from its lengths, mask and (bottom-right) causal flag."""
     q = case.inputs["query"]
+    b, tq = q.shape[0], q.shape[-2]
     if case.op == "sdpa":
-        tk = case.inputs["key"].shape[1]
+        tk = case.inputs["key"].shape[-2]
     else:
-        tk = q.shape[1] if case.params.get("self") else case.inputs["value"].shape[1]
-    b, tq = q.shape[:2]
+        tk = tq if case.params.get("self") else case.inputs["value"].shape[1]
     parts = [np.ones((b, 1, tq, tk), dtype=bool)]
     if "valid_lens" in case.inputs:
         parts.append(M.from_valid_lens(case.inputs["valid_lens"], tk))
     if "mask" in case.inputs:
-        parts.append(M.from_keras_mask(case.inputs["mask"]))  # (B, T, S), True = attend
+        mask = case.inputs["mask"]  # (B, T, S) or, per head, (B, H, T, S); True = attend
+        parts.append(M.from_keras_mask(mask) if mask.ndim == 3 else M.as_keep(mask))
     if case.params.get("causal"):
         parts.append(M.causal_keep(tq, tk))
     return M.combine(*parts)
@@ -112,8 +114,9 @@ class _Native:
 
 
 class TorchNativeTarget(_Native):
-    """``F.scaled_dot_product_attention`` (sdpa cases) and ``nn.MultiheadAttention`` with
-    ``need_weights=True, average_attn_weights=False`` (mha cases)."""
+    """``F.scaled_dot_product_attention`` (sdpa cases; grouped heads with
+    ``enable_gqa=True``) and ``nn.MultiheadAttention`` with ``need_weights=True,
+    average_attn_weights=False`` (mha cases)."""
 
     name = "native-torch"
     dtypes = ("float64", "float32", "float16", "bfloat16")
@@ -138,9 +141,14 @@ class TorchNativeTarget(_Native):
         with torch.no_grad():
             if case.op == "sdpa":
                 q, k, v = (self._t(case.inputs[n], dtype) for n in ("query", "key", "value"))
-                mask = torch.tensor(M.to_sdpa_mask(keep)[:, 0])  # (B, T, S), True = take part
+                mask = M.to_sdpa_mask(keep)  # (B, 1 or H, T, S), True = take part
                 out = torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, scale=case.params.get("scale")
+                    q,
+                    k,
+                    v,
+                    attn_mask=torch.tensor(mask if q.ndim == 4 else mask[:, 0]),
+                    scale=case.params.get("scale"),
+                    enable_gqa=q.ndim == 4 and q.shape[1] != k.shape[1],
                 )
                 return {"output": to_numpy(out)}
             p, w = case.params, contiguous_weights(case)
@@ -181,8 +189,9 @@ class TorchNativeTarget(_Native):
 
 
 class JaxNativeTarget(_Native):
-    """``jax.nn.dot_product_attention`` (sdpa cases) and ``flax.nnx.MultiHeadAttention``
-    (mha cases)."""
+    """``jax.nn.dot_product_attention`` (sdpa cases; it takes fewer key/value heads
+    than query heads as grouped-query attention) and ``flax.nnx.MultiHeadAttention`` (mha
+    cases)."""
 
     name = "native-jax"
 
@@ -210,15 +219,19 @@ class JaxNativeTarget(_Native):
         dtype = case.dtype
         keep = case_keep(case)
         if case.op == "sdpa":
+            # jax lays out (batch, seq, heads, dim): rank 3 gets one head, rank 4 moves its
+            # heads (axis 1) there
+            rank = case.inputs["query"].ndim
+            q, k, v = (self._a(case.inputs[n], dtype) for n in ("query", "key", "value"))
             q, k, v = (
-                self._a(case.inputs[n], dtype)[:, :, None, :] for n in ("query", "key", "value")
+                t[:, :, None, :] if rank == 3 else t.transpose(0, 2, 1, 3) for t in (q, k, v)
             )
             scale = case.params.get("scale")
             attend = self.jax.jit(
                 lambda q, k, v, m: self.jax.nn.dot_product_attention(q, k, v, mask=m, scale=scale)
             )  # one compilation per case instead of one per operation
-            out = attend(q, k, v, M.to_jax_mask(keep))
-            return {"output": to_numpy(out[:, :, 0, :])}
+            out = to_numpy(attend(q, k, v, M.to_jax_mask(keep)))
+            return {"output": out[:, :, 0, :] if rank == 3 else out.transpose(0, 2, 1, 3)}
         from flax import nnx
 
         p, w = case.params, contiguous_weights(case)

@@ -13,6 +13,7 @@ from multiattn.conformance.worker import compare
 @pytest.fixture(scope="module")
 def cases():
     names = {"mha_masked_rows_f32", "mha_contiguous_f32", "sdpa_lens_1d_f32", "sdpa_self_f64"}
+    names |= {"sdpa_poisoned_nan_f32", "sdpa_poisoned_huge_f32", "sdpa_mqa_f32"}
     return {c.name: c for c in fixtures.load(names=names)}
 
 
@@ -106,3 +107,41 @@ def test_every_recorded_target_is_a_builtin_native_target():
     from multiattn.conformance.targets import BUILTIN
 
     assert set(KNOWN) <= {n for n in BUILTIN if n.startswith("native-")}
+
+
+def test_a_recorded_poisoned_departure(cases):
+    """NaN in masked keys reaching every row of batch element 0 (the poisoned one); batch
+    element 1 is clean and must agree."""
+    case = cases["sdpa_poisoned_nan_f32"]
+    assert not np.isfinite(case.inputs["key"][0]).all() and np.isfinite(case.inputs["key"][1]).all()
+    out = case.expected["output"].copy()
+    out[0] = np.nan
+    status, why = judged("native-torch", case, {"output": out})
+    assert status == "depart" and why == "output nan on 4 poisoned rows"
+    out[1, 2] = np.nan  # a clean row
+    status, why = judged("native-torch", case, {"output": out})
+    assert status == "fail" and "off by inf on rows with keys" in why
+    status, why = judged("native-torch", case, dict(case.expected))
+    assert status == "fail" and "output nan on poisoned rows" in why and "did not occur" in why
+
+
+def test_uniform_rows_over_huge_masked_values_are_recognised(cases):
+    """An empty row given uniform weights averages the masked values of 1e30 too: still
+    the kind "uniform", measured against the answer's own size."""
+    case = cases["sdpa_poisoned_huge_f32"]
+    out = case.expected["output"].copy()
+    out[0, 0] = case.inputs["value"][0].mean(axis=0) * (1 + 1e-7)  # query 0 has length 0
+    assert np.abs(out[0, 0]).max() > 1e28
+    status, why = judged("native-jax", case, {"output": out})
+    assert status == "depart" and why == "output uniform on 1 empty rows"
+
+
+def test_grouped_heads(cases):
+    """Rank-4 outputs of grouped-query cases are judged per (batch, head, query) row."""
+    case = cases["sdpa_mqa_f32"]
+    assert case.inputs["query"].shape[1] == 4 and case.inputs["key"].shape[1] == 1
+    assert judged("native-torch", case, {"output": case.expected["output"]}) == ("pass", "")
+    out = case.expected["output"].copy()
+    out[1, 3, 0] += 1.0
+    info = classify(case, {"output": out}, case.tolerance["output"])["output"]
+    assert info["empty"] == "none" and info["rest_rel"] > 0.1
