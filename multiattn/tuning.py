@@ -62,6 +62,8 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import _static_dim
+
 __all__ = [
     "FLOP_CAP",
     "ISA_FLAGS",
@@ -386,12 +388,12 @@ def fused_attention_pays(
     ``jax.jit`` and ``tf.function`` the candidates are compiled and timed at trace time
     outside the trace. Where nothing can be timed (Keras symbolic tensors, ``torch.compile``,
     a length unknown at trace time) the class's earlier decision is used, else the
-    namespace's ``fused_attention_pays`` (True where the namespace has no such attribute).
+    namespace's ``fused_attention_pays`` (`multiattn._contract.Namespace`).
     """
-    if not hasattr(ops, "fused_attention"):
+    if not ops.has_fused_attention:
         return False
-    fallback = bool(getattr(ops, "fused_attention_pays", True))
-    backend = _backend(ops)
+    fallback = bool(ops.fused_attention_pays)
+    backend = ops.backend
     shape = [_static(d) for d in query.shape]
     tk, dv = _static(key.shape[1]), _static(value.shape[-1])
     b, tq, h, d = shape
@@ -452,19 +454,7 @@ def fused_attention_pays(
 
 
 def _static(n: Any) -> int | None:
-    try:
-        return None if n is None else int(n)
-    except TypeError:  # a symbolic size
-        return None
-
-
-def _backend(ops: Any) -> str:
-    name = getattr(ops, "name", "")
-    if name == "keras":
-        import keras
-
-        return keras.backend.backend()
-    return name or type(ops).__name__
+    return _static_dim(n)  # None for a symbolic size (JAX shape polymorphism, graphs)
 
 
 def _device(backend: str, x: Any) -> str | None:
