@@ -37,6 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from .._contract import Namespace
+from .._namespace import framework_of
+
 __all__ = ["PaddleNamespace", "check_import_order"]
 
 
@@ -169,16 +172,18 @@ def _exp_flushed(x: paddle.Tensor) -> paddle.Tensor:
     return paddle.where(x < float(np.log(tiny)), paddle.zeros_like(out), out)
 
 
-class PaddleNamespace:
-    """``keras.ops`` semantics on ``paddle.Tensor``: the subset the multiattn core uses.
+class PaddleNamespace(Namespace):
+    """``keras.ops`` semantics on ``paddle.Tensor``: the namespace contract
+    (`multiattn._contract.Namespace`) the multiattn core uses.
 
     Every method accepts Paddle tensors, NumPy arrays and Python scalars where
-    ``keras.ops`` does, and returns Paddle tensors (dygraph). Gradients flow through
-    every floating operation (Paddle autograd); `stop_gradient` cuts them. There is no
-    ``fused_attention``, so the core takes its explicit attention path.
+    ``keras.ops`` does, and returns Paddle tensors (dygraph); a tensor of another
+    framework raises ``TypeError``. Gradients flow through every floating operation
+    (Paddle autograd); `stop_gradient` cuts them. There is no fused attention
+    (``has_fused_attention`` is False), so the core takes its explicit attention path.
     """
 
-    name = "paddle"
+    backend = "paddle"
 
     #: Paddle's softmax kernel floors the exponentials at ``exp(-64)``: a score far below
     #: its row's maximum (a masked score) gets a weight of about ``1.6e-28 / sum`` instead
@@ -225,6 +230,12 @@ class PaddleNamespace:
             if dtype is not None and self.dtype_name(x) != dtype:
                 return x.astype(dtype)
             return x
+        if framework_of(x) is not None:
+            raise TypeError(
+                "PaddleNamespace: expected Paddle tensors, NumPy arrays or Python values; "
+                f"received a {type(x).__module__}.{type(x).__qualname__} "
+                f"({framework_of(x)}). Convert it with numpy.asarray first."
+            )
         if dtype is None:
             dtype = self._infer_dtype(x)
         if isinstance(x, (list, tuple)) and any(isinstance(i, paddle.Tensor) for i in x):
@@ -379,6 +390,31 @@ class PaddleNamespace:
             x, axes=list(range(x.ndim)), starts=starts, ends=[b + n for b, n in zip(starts, sizes)]
         )
 
+    def take(self, x: Any, indices: Any, axis: int | None = None) -> paddle.Tensor:
+        """Entries of ``x`` at integer ``indices`` along ``axis`` (of the flattened ``x``
+        when None; negative indices count from the end): shape ``x.shape[:axis] +
+        indices.shape + x.shape[axis + 1:]``, dtype of ``x``."""
+        x = self._t(x)
+        idx = self._t(indices)
+        if self.dtype_name(idx) not in (*_SIGNED, *_UNSIGNED):
+            raise TypeError(
+                f"PaddleNamespace.take: `indices` must be integers; received "
+                f"{self.dtype_name(idx)}."
+            )
+        if axis is None:
+            x, axis = paddle.reshape(x, [-1]), 0
+        axis = int(axis) % max(x.ndim, 1)
+        size = int(x.shape[axis])
+        idx = idx.astype("int64")
+        idx = paddle.where(idx < 0, idx + size, idx)
+        dims = [int(d) for d in x.shape]
+        out_shape = [*dims[:axis], *(int(d) for d in idx.shape), *dims[axis + 1 :]]
+
+        def gather(t: paddle.Tensor) -> paddle.Tensor:
+            return paddle.reshape(paddle.gather(t, paddle.reshape(idx, [-1]), axis=axis), out_shape)
+
+        return self._carried(x, self.dtype_name(x), gather, _ANY_CARRIER)
+
     def arange(
         self, start: Any, stop: Any = None, step: Any = None, dtype: Any = None
     ) -> paddle.Tensor:
@@ -461,6 +497,25 @@ class PaddleNamespace:
         out_dtype = dtype if dtype in _FLOATS else _DEFAULT_FLOAT
         return self._carried(x.astype(out_dtype), out_dtype, paddle.rsqrt, _FLOAT_CARRIER)
 
+    def abs(self, x: Any) -> paddle.Tensor:
+        """``|x|`` in the dtype of ``x`` (bool unchanged)."""
+        x = self._t(x)
+        dtype = self.dtype_name(x)
+        if dtype == "bool":
+            return x
+        return self._carried(x, dtype, paddle.abs, _ANY_CARRIER)
+
+    def multiply(self, x1: Any, x2: Any) -> paddle.Tensor:
+        """``x1 * x2`` elementwise (broadcast), in the dtype both promote to (bool: and)."""
+        dtype = result_type(self._weak_or_name(x1), self._weak_or_name(x2))
+        a, b = self._t(x1, dtype), self._t(x2, dtype)
+        if dtype == "bool":
+            return paddle.logical_and(a, b)
+        wide = _ANY_CARRIER.get(dtype)
+        if wide is None:
+            return paddle.multiply(a, b)
+        return paddle.multiply(a.astype(wide), b.astype(wide)).astype(dtype)
+
     def logical_and(self, x1: Any, x2: Any) -> paddle.Tensor:
         """Elementwise AND of the truth values of ``x1`` and ``x2`` (bool)."""
         return paddle.logical_and(self._bool(x1), self._bool(x2))
@@ -484,6 +539,14 @@ class PaddleNamespace:
     def less_equal(self, x1: Any, x2: Any) -> paddle.Tensor:
         """``x1 <= x2`` elementwise (bool), after promoting both to a common dtype."""
         return self._compare(paddle.less_equal, x1, x2)
+
+    def equal(self, x1: Any, x2: Any) -> paddle.Tensor:
+        """``x1 == x2`` elementwise (bool), after promoting both to a common dtype."""
+        return self._compare(paddle.equal, x1, x2)
+
+    def greater_equal(self, x1: Any, x2: Any) -> paddle.Tensor:
+        """``x1 >= x2`` elementwise (bool), after promoting both to a common dtype."""
+        return self._compare(paddle.greater_equal, x1, x2)
 
     def not_equal(self, x1: Any, x2: Any) -> paddle.Tensor:
         """``x1 != x2`` elementwise (bool), after promoting both to a common dtype."""
@@ -628,6 +691,25 @@ class PaddleNamespace:
             compute = "int64"
             out = einsum_by_broadcast(subscripts, *(t.astype(compute) for t in tensors))
         return out.astype(result) if compute != result else out
+
+    def linear(self, x: Any, kernel: Any, bias: Any = None, contract: int = 1) -> paddle.Tensor:
+        """A dense projection: ``x`` ``(..., *k)`` contracted with ``kernel`` ``(*k, *n)``
+        over the ``contract`` axes ``k``, plus ``bias`` ``(*n)`` (or None): ``(..., *n)``,
+        one `einsum` and an addition."""
+        x, kernel = self._t(x), self._t(kernel)
+        if isinstance(contract, bool) or not isinstance(contract, (int, np.integer)):
+            raise TypeError(
+                f"PaddleNamespace.linear: `contract` must be an int; received {contract!r}."
+            )
+        if not 1 <= contract <= min(x.ndim, kernel.ndim):
+            raise ValueError(
+                f"PaddleNamespace.linear: `contract` must be between 1 and the rank of `x` "
+                f"and `kernel` ({x.ndim}, {kernel.ndim}); received {contract}."
+            )
+        lead = "ABCDEFGH"[: x.ndim - contract]
+        k, n = "abcdefgh"[:contract], "abcdefgh"[contract : kernel.ndim]
+        y = self.einsum(f"{lead}{k},{k}{n}->{lead}{n}", x, kernel)
+        return y if bias is None else y + self._t(bias, self.dtype_name(y))
 
     # --- random --------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ if "keras" not in sys.modules and "KERAS_BACKEND" not in os.environ:
     os.environ["KERAS_BACKEND"] = "numpy"
 
 from .. import ops as core  # noqa: E402
-from .._namespace import get_ops, register_namespace  # noqa: E402
+from .._namespace import framework_of, get_ops, register_namespace  # noqa: E402
 
 __all__ = ["FILL_VALUE", "DotProductAttention", "MultiHeadAttention", "PaddleNamespace"]
 
@@ -73,8 +73,20 @@ def _fmt(shape: Any) -> str:
     return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
 
 
+def _check_not_foreign(where: str, name: str, x: Any) -> None:
+    """Refuse a tensor of another framework (a Keras, torch or jax tensor): the layers take
+    Paddle tensors, NumPy arrays or Python values."""
+    framework = framework_of(x)
+    if framework not in (None, "paddle"):
+        raise TypeError(
+            f"{where}: `{name}` must be a paddle.Tensor, a NumPy array or Python values; "
+            f"received a {type(x).__module__}.{type(x).__qualname__} ({framework})."
+        )
+
+
 def _as_input(where: str, name: str, x: Any, dtype: str, length: int, width: int) -> Any:
     """``x`` checked to be ``(batch, length, width)`` floating of the parameters' dtype."""
+    _check_not_foreign(where, name, x)
     if not isinstance(x, paddle.Tensor):
         arr = np.asarray(x)
         if arr.dtype.kind not in "fiub":
@@ -100,6 +112,7 @@ def _document_lens(where: str, valid_lens: Any, batch: int, num_keys: int) -> An
     to ``num_keys``, or None."""
     if valid_lens is None:
         return None
+    _check_not_foreign(where, "valid_lens", valid_lens)
     if not isinstance(valid_lens, paddle.Tensor):
         arr = np.asarray(valid_lens)
         if arr.dtype.kind not in "fiu":

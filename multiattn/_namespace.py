@@ -1,11 +1,16 @@
 """How the core reaches its array operations.
 
-Every core function asks `get_ops` for the namespace that holds the operations
-it needs, passing the tensors it received. By default this is ``keras.ops`` (plus the
-few helpers the core needs from ``keras.random`` and ``keras.backend``), which is what
-every Keras backend uses. A framework without a Keras backend (Paddle) registers a
-namespace of its own that implements the same subset; the core then runs unchanged
-on that framework's tensors.
+Every core function asks `get_ops` for the namespace that holds the operations it
+needs, passing the tensors it received. The namespace implements the contract of
+`multiattn._contract.Namespace`: by default `KerasNamespace` (``keras.ops`` plus the few
+helpers the core needs from ``keras.random`` and ``keras.backend``), one small subclass
+per Keras backend holding that backend's quirks, chosen once. A framework without a Keras
+backend (Paddle) registers a namespace of its own (`register_namespace`); the core then
+runs unchanged on that framework's tensors.
+
+`get_ops` finds a tensor's framework from its type (cached per type) and refuses, with a
+``TypeError``, tensors of two frameworks in one call, or tensors of a framework other
+than the running Keras backend's; NumPy arrays and Python values go with any framework.
 
 Nothing here imports a framework eagerly: a registered namespace is only consulted
 when its framework's module is already in ``sys.modules`` (the approach einops uses to
@@ -17,126 +22,210 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["KerasNamespace", "get_ops", "register_namespace"]
+from ._contract import Namespace, check_namespace
+
+__all__ = ["KerasNamespace", "framework_of", "get_ops", "keras_namespace", "register_namespace"]
 
 
-class KerasNamespace:
-    """``keras.ops`` plus the helpers the core uses from other Keras modules.
+class KerasNamespace(Namespace):
+    """The contract on ``keras.ops`` of the running Keras backend.
 
-    Attribute access falls through to ``keras.ops``; the extra methods below are the only
-    operations the core needs that ``keras.ops`` does not hold.
+    Each operation calls its ``keras.ops`` namesake (or, for the helpers ``keras.ops``
+    lacks, ``keras.random`` and ``keras.backend``); a name outside the contract raises
+    ``AttributeError``. The backends' quirks are methods of the subclasses
+    `keras_namespace` picks: ``_JaxNamespace``, ``_TorchNamespace``,
+    ``_TensorFlowNamespace``, ``_NumpyNamespace``. This class itself serves any other
+    Keras backend (no gradients assumed: `custom_gradient` runs ``forward`` alone).
     """
 
-    name = "keras"
+    has_fused_attention = True
+    #: True for every Keras backend; the core relies on it for masked scores on the
+    #: attention path (see `multiattn.ops.masking`).
+    softmax_exact_zeros = True
 
     def __init__(self) -> None:
         import keras
 
         self._keras = keras
         self._ops = keras.ops
+        self.backend = keras.backend.backend()
 
     def __getattr__(self, item: str) -> Any:
-        return getattr(self._ops, item)
+        raise AttributeError(
+            f"{type(self).__name__} has no attribute {item!r}: the core may use only the "
+            "operations and capabilities of the namespace contract "
+            "(multiattn._contract.Namespace); add an operation there and to every namespace."
+        )
 
-    def einsum(self, subscripts: str, *operands: Any) -> Any:
-        """``keras.ops.einsum`` that keeps float64.
+    # --- conversion, dtypes and shapes ----------------------------------------------------
 
-        Keras promotes float64 to float32 on the numpy and torch backends (its type
-        lattice follows JAX's default of 32-bit floats); float64 contractions there go to
-        the backend's own einsum so that float64 stays float64.
-        """
-        backend = self._keras.backend.backend()
-        if backend in ("numpy", "torch") and all(self.dtype_name(o) == "float64" for o in operands):
-            operands = [self._ops.convert_to_tensor(o) for o in operands]
-            if backend == "numpy":
-                import numpy as np
+    def convert_to_tensor(
+        self, x: Any, dtype: Any = None, sparse: bool | None = None, ragged: bool | None = None
+    ) -> Any:
+        return self._ops.convert_to_tensor(x, dtype=dtype, sparse=sparse, ragged=ragged)
 
-                return np.einsum(subscripts, *operands)
-            import torch
+    def convert_to_numpy(self, x: Any) -> Any:
+        return self._ops.convert_to_numpy(x)
 
-            return torch.einsum(subscripts, *operands)
-        return self._ops.einsum(subscripts, *operands)
-
-    def tanh(self, x: Any) -> Any:
-        """``keras.ops.tanh`` that keeps float64 (Keras' jax backend returns float32)."""
-        if self._keras.backend.backend() == "jax" and self.dtype_name(x) == "float64":
-            import jax.numpy as jnp
-
-            return jnp.tanh(x)
-        return self._ops.tanh(x)
+    def cast(self, x: Any, dtype: Any) -> Any:
+        return self._ops.cast(x, dtype)
 
     def dtype_name(self, x: Any) -> str:
         """The standardised dtype name of ``x`` (``"float32"``, ``"bool"``, ...)."""
         return self._keras.backend.standardize_dtype(x.dtype)
 
-    def dropout(self, x: Any, rate: float, seed: Any) -> Any:
-        """Inverted dropout of ``x`` with drop probability ``rate``."""
-        return self._keras.random.dropout(x, rate, seed=seed)
+    def is_symbolic(self, x: Any) -> bool:
+        """True when ``x`` has no concrete value (Keras symbolic tensor, JAX tracer,
+        TensorFlow graph tensor)."""
+        if isinstance(x, self._keras.KerasTensor):
+            return True
+        jax = sys.modules.get("jax")
+        if jax is not None and isinstance(x, jax.core.Tracer):
+            return True
+        tf = sys.modules.get("tensorflow")
+        if tf is not None and isinstance(x, tf.Tensor) and not tf.executing_eagerly():
+            return True
+        return False
+
+    def shape(self, x: Any) -> tuple:
+        return self._ops.shape(x)
+
+    def reshape(self, x: Any, newshape: Any) -> Any:
+        return self._ops.reshape(x, newshape)
+
+    def expand_dims(self, x: Any, axis: int | Sequence[int]) -> Any:
+        return self._ops.expand_dims(x, axis)
+
+    def transpose(self, x: Any, axes: Sequence[int] | None = None) -> Any:
+        return self._ops.transpose(x, axes)
+
+    def moveaxis(
+        self, x: Any, source: int | Sequence[int], destination: int | Sequence[int]
+    ) -> Any:
+        return self._ops.moveaxis(x, source, destination)
+
+    def broadcast_to(self, x: Any, shape: Sequence[int]) -> Any:
+        return self._ops.broadcast_to(x, shape)
+
+    def concatenate(self, xs: Sequence[Any], axis: int | None = 0) -> Any:
+        return self._ops.concatenate(xs, axis=axis)
+
+    def slice(self, inputs: Any, start_indices: Sequence[Any], shape: Sequence[Any]) -> Any:
+        return self._ops.slice(inputs, start_indices, shape)
+
+    def take(self, x: Any, indices: Any, axis: int | None = None) -> Any:
+        return self._ops.take(x, indices, axis=axis)
+
+    def zeros_like(self, x: Any, dtype: Any = None) -> Any:
+        return self._ops.zeros_like(x, dtype=dtype)
+
+    def arange(self, start: Any, stop: Any = None, step: Any = None, dtype: Any = None) -> Any:
+        return self._ops.arange(start, stop, step, dtype=dtype)
+
+    # --- elementwise ------------------------------------------------------------------------
+
+    def where(self, condition: Any, x1: Any = None, x2: Any = None) -> Any:
+        return self._ops.where(condition, x1, x2)
+
+    def abs(self, x: Any) -> Any:
+        return self._ops.abs(x)
+
+    def multiply(self, x1: Any, x2: Any) -> Any:
+        return self._ops.multiply(x1, x2)
+
+    def exp(self, x: Any) -> Any:
+        return self._ops.exp(x)
+
+    def log(self, x: Any) -> Any:
+        return self._ops.log(x)
+
+    def tanh(self, x: Any) -> Any:
+        return self._ops.tanh(x)
+
+    def square(self, x: Any) -> Any:
+        return self._ops.square(x)
+
+    def rsqrt(self, x: Any) -> Any:
+        return self._ops.rsqrt(x)
+
+    def isfinite(self, x: Any) -> Any:
+        return self._ops.isfinite(x)
+
+    def equal(self, x1: Any, x2: Any) -> Any:
+        return self._ops.equal(x1, x2)
+
+    def not_equal(self, x1: Any, x2: Any) -> Any:
+        return self._ops.not_equal(x1, x2)
+
+    def less(self, x1: Any, x2: Any) -> Any:
+        return self._ops.less(x1, x2)
+
+    def less_equal(self, x1: Any, x2: Any) -> Any:
+        return self._ops.less_equal(x1, x2)
+
+    def greater_equal(self, x1: Any, x2: Any) -> Any:
+        return self._ops.greater_equal(x1, x2)
+
+    def logical_and(self, x1: Any, x2: Any) -> Any:
+        return self._ops.logical_and(x1, x2)
+
+    def logical_or(self, x1: Any, x2: Any) -> Any:
+        return self._ops.logical_or(x1, x2)
+
+    def logical_not(self, x: Any) -> Any:
+        return self._ops.logical_not(x)
+
+    def stop_gradient(self, variable: Any) -> Any:
+        return self._ops.stop_gradient(variable)
+
+    # --- reductions and softmax -----------------------------------------------------------
+
+    def any(self, x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        return self._ops.any(x, axis=axis, keepdims=keepdims)
+
+    def sum(self, x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        return self._ops.sum(x, axis=axis, keepdims=keepdims)
+
+    def max(self, x: Any, axis: Any = None, keepdims: bool = False, initial: Any = None) -> Any:
+        return self._ops.max(x, axis=axis, keepdims=keepdims, initial=initial)
+
+    def softmax(self, x: Any, axis: int | Sequence[int] = -1) -> Any:
+        return self._ops.softmax(x, axis=axis)
+
+    # --- contractions -----------------------------------------------------------------------
+
+    def einsum(self, subscripts: str, *operands: Any) -> Any:
+        return self._ops.einsum(subscripts, *operands)
 
     def linear(self, x: Any, kernel: Any, bias: Any = None, contract: int = 1) -> Any:
         """A dense projection: ``x`` ``(..., *k)`` contracted with ``kernel`` ``(*k, *n)``
         over the ``contract`` axes ``k``, plus ``bias`` ``(*n)`` (or None); returns
         ``(..., *n)`` in the dtype of ``x`` and ``kernel`` (which must agree).
 
-        ``keras.ops.einsum`` on every backend, except float32 CPU tensors on PyTorch
-        with oneDNN: there the product runs as one ``(N, K) @ (K, M)`` matrix product
-        with the bias added inside it, on oneDNN or PyTorch's BLAS, whichever
-        `multiattn.tuning` measured faster for its shape class (or as
-        `multiattn.config.set_torch_onednn` forces).
+        One ``einsum`` with explicit subscripts (TensorFlow's einsum gradient with
+        ``...`` broadcasts the operands against each other: a ``(batch, seq, in, out)``
+        temporary), then the bias.
         """
-        route = self._torch_route(x, kernel, bias)
-        if route is not None:
-            from . import _torch_matmul
-
-            shape = tuple(kernel.shape)
-            k = math.prod(shape[:contract])
-            n = math.prod(shape[contract:])
-            y = _torch_matmul.matmul_bias(
-                x.reshape(-1, k),
-                kernel.reshape(k, n),
-                None if bias is None else bias.reshape(n),
-                route == "measure",
-            )
-            return y.reshape(*x.shape[: x.dim() - contract], *shape[contract:])
-        # Explicit subscripts: TensorFlow's einsum gradient with "..." broadcasts the
-        # operands against each other (an (batch, seq, in, out) temporary).
         lead = "ABCDEFGH"[: len(x.shape) - contract]
         k, n = "abcdefgh"[:contract], "abcdefgh"[contract : len(kernel.shape)]
         y = self.einsum(f"{lead}{k},{k}{n}->{lead}{n}", x, kernel)
         return y if bias is None else y + bias
 
-    def _torch_route(self, x: Any, kernel: Any, bias: Any) -> str | None:
-        """How `linear` runs on torch: ``"onednn"`` (forced), ``"measure"`` (each product
-        on the library measured faster) or None (``einsum``: other backends, dtypes and
-        devices, no oneDNN in this PyTorch, BLAS forced, or a compiler tracing the call)."""
-        if self._keras.backend.backend() != "torch":
-            return None
-        from . import config
+    # --- randomness, control flow, gradients --------------------------------------------------
 
-        setting = config.get_torch_onednn()
-        if setting is False:
-            return None
-        from . import _torch_matmul
+    def dropout(self, x: Any, rate: float, seed: Any = None) -> Any:
+        """Inverted dropout of ``x`` with drop probability ``rate``."""
+        return self._keras.random.dropout(x, rate, seed=seed)
 
-        tensors = [t for t in (x, kernel, bias) if t is not None]
-        import torch
+    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+        return self._ops.cond(pred, true_fn, false_fn)
 
-        if not (
-            _torch_matmul.available()
-            and all(isinstance(t, torch.Tensor) for t in tensors)
-            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and x.numel() > 0
-        ):
-            return None
-        if setting is True:
-            return "onednn"
-        from . import tuning
-
-        return None if tuning.torch_is_tracing() else "measure"
+    def fori_loop(self, lower: Any, upper: Any, body_fun: Callable, init_val: Any) -> Any:
+        return self._ops.fori_loop(lower, upper, body_fun, init_val)
 
     def custom_gradient(
         self,
@@ -156,115 +245,214 @@ class KerasNamespace:
         ``torch.autograd.Function``, ``tf.custom_gradient``; on numpy (no gradients)
         ``forward`` alone.
         """
-        backend = self._keras.backend.backend()
-        if backend == "jax":
-            import jax
-
-            @jax.custom_vjp
-            def call(*args):
-                return forward(*args)[0]
-
-            call.defvjp(forward, lambda saved, grad: tuple(backward(saved, grad)))
-            return call(*inputs)
-        if backend == "torch":
-            return _torch_custom_gradient().apply(forward, backward, *inputs)
-        if backend == "tensorflow":
-            import tensorflow as tf
-
-            @tf.custom_gradient
-            def call(*args):
-                out, saved = forward(*args)
-                return out, lambda grad: list(backward(saved, grad))
-
-            # Variables are read here, so that the function sees tensors only.
-            return call(*(tf.convert_to_tensor(t) for t in inputs))
         return forward(*inputs)[0]
 
-    def fused_attention(self, query, key, value, mask, scale, is_causal=False):
-        """The backend's fused attention on ``(batch, seq, heads, dim)`` arrays
+    def fused_attention(
+        self, query: Any, key: Any, value: Any, mask: Any, scale: float, is_causal: bool = False
+    ) -> Any:
+        """``keras.ops.dot_product_attention`` on ``(batch, seq, heads, dim)`` arrays
         (``is_causal``: top-left aligned, used by the core only when queries and keys are
-        equally long; ``mask``: bool, True = may attend, rank 4, no row fully masked).
-
-        On torch, PyTorch's ``scaled_dot_product_attention`` is called on ``(batch,
-        heads, seq, dim)`` views of the inputs with the bool mask as it is:
-        ``keras.ops.dot_product_attention`` copies the three inputs to contiguous
-        tensors first and turns the mask into an additive float mask.
-        """
-        if self._keras.backend.backend() == "torch":
-            import torch
-
-            out = torch.nn.functional.scaled_dot_product_attention(
-                *(t.transpose(1, 2) for t in (query, key, value)),
-                attn_mask=mask,
-                is_causal=is_causal,
-                scale=scale,
-            )
-            return out.transpose(1, 2)
+        equally long; ``mask``: bool, True = may attend, rank 4, no row fully masked)."""
         return self._ops.dot_product_attention(
             query, key, value, mask=mask, scale=scale, is_causal=is_causal
         )
 
+
+class _NumpyNamespace(KerasNamespace):
+    """Keras' numpy backend: float64 contractions keep float64."""
+
+    def einsum(self, subscripts: str, *operands: Any) -> Any:
+        """``keras.ops.einsum``, except that float64 operands go to NumPy's own einsum:
+        Keras promotes float64 to float32 here (its type lattice follows JAX's default of
+        32-bit floats)."""
+        if all(self.dtype_name(o) == "float64" for o in operands):
+            import numpy as np
+
+            return np.einsum(subscripts, *(self._ops.convert_to_tensor(o) for o in operands))
+        return self._ops.einsum(subscripts, *operands)
+
+
+class _TorchNamespace(KerasNamespace):
+    """Keras' torch backend: float64 einsum, the dense projections on oneDNN or BLAS,
+    PyTorch's SDPA called directly, and ``custom_gradient`` as an autograd Function."""
+
+    fused_attention_streams = True
+
+    def einsum(self, subscripts: str, *operands: Any) -> Any:
+        """``keras.ops.einsum``, except that float64 operands go to ``torch.einsum``
+        (Keras promotes float64 to float32 here)."""
+        if all(self.dtype_name(o) == "float64" for o in operands):
+            import torch
+
+            return torch.einsum(subscripts, *(self._ops.convert_to_tensor(o) for o in operands))
+        return self._ops.einsum(subscripts, *operands)
+
+    def linear(self, x: Any, kernel: Any, bias: Any = None, contract: int = 1) -> Any:
+        """`KerasNamespace.linear`, except for float32 CPU tensors where PyTorch has
+        oneDNN: there the product runs as one ``(N, K) @ (K, M)`` matrix product with the
+        bias added inside it, on oneDNN or PyTorch's BLAS, whichever `multiattn.tuning`
+        measured faster for its shape class (or as the ``torch_onednn`` setting of
+        `multiattn.config` forces)."""
+        route = self._route(x, kernel, bias)
+        if route is None:
+            return super().linear(x, kernel, bias, contract)
+        from . import _torch_matmul
+
+        shape = tuple(kernel.shape)
+        k = math.prod(shape[:contract])
+        n = math.prod(shape[contract:])
+        y = _torch_matmul.matmul_bias(
+            x.reshape(-1, k),
+            kernel.reshape(k, n),
+            None if bias is None else bias.reshape(n),
+            route == "measure",
+        )
+        return y.reshape(*x.shape[: x.dim() - contract], *shape[contract:])
+
+    @staticmethod
+    def _route(x: Any, kernel: Any, bias: Any) -> str | None:
+        """How `linear` runs: ``"onednn"`` (forced), ``"measure"`` (each product on the
+        library measured faster) or None (``einsum``: other dtypes and devices, no
+        oneDNN in this PyTorch, BLAS forced, or a compiler tracing the call)."""
+        from . import config
+
+        setting = config.get_torch_onednn()
+        if setting is False:
+            return None
+        import torch
+
+        from . import _torch_matmul
+
+        tensors = [t for t in (x, kernel, bias) if t is not None]
+        if not (
+            _torch_matmul.available()
+            and all(isinstance(t, torch.Tensor) for t in tensors)
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and x.numel() > 0
+        ):
+            return None
+        if setting is True:
+            return "onednn"
+        from . import tuning
+
+        return None if tuning.torch_is_tracing() else "measure"
+
+    def custom_gradient(
+        self,
+        forward: Callable[..., tuple[Any, tuple]],
+        backward: Callable[[tuple, Any], tuple],
+        inputs: tuple,
+    ) -> Any:
+        return _torch_custom_gradient().apply(forward, backward, *inputs)
+
+    def fused_attention(
+        self, query: Any, key: Any, value: Any, mask: Any, scale: float, is_causal: bool = False
+    ) -> Any:
+        """PyTorch's ``scaled_dot_product_attention`` on ``(batch, heads, seq, dim)``
+        views of the inputs with the bool mask as it is: ``keras.ops.dot_product_attention``
+        copies the three inputs to contiguous tensors first and turns the mask into an
+        additive float mask."""
+        import torch
+
+        out = torch.nn.functional.scaled_dot_product_attention(
+            *(t.transpose(1, 2) for t in (query, key, value)),
+            attn_mask=mask,
+            is_causal=is_causal,
+            scale=scale,
+        )
+        return out.transpose(1, 2)
+
+
+class _JaxNamespace(KerasNamespace):
+    """Keras' jax backend: float64 ``tanh``, eager ``cond`` in Python,
+    ``custom_gradient`` as ``jax.custom_vjp``, fused attention only off the CPU."""
+
+    def tanh(self, x: Any) -> Any:
+        """``keras.ops.tanh`` that keeps float64 (Keras' jax backend returns float32)."""
+        if self.dtype_name(x) == "float64":
+            import jax.numpy as jnp
+
+            return jnp.tanh(x)
+        return self._ops.tanh(x)
+
     def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
-        """``true_fn()`` if the scalar bool ``pred`` holds, else ``false_fn()``:
-        ``keras.ops.cond``, except that on JAX a concrete ``pred`` (not under ``jax.jit``)
+        """``keras.ops.cond``, except that a concrete ``pred`` (not under ``jax.jit``)
         picks its branch in Python: ``jax.lax.cond`` would compile both branches on every
-        eager call. Under a trace (``jax.jit``, ``tf.function``, Keras symbolic tensors)
-        both branches are traced and must return the same structure of tensors."""
-        if self._keras.backend.backend() == "jax" and not self.is_symbolic(pred):
+        eager call."""
+        if not self.is_symbolic(pred):
             return true_fn() if bool(pred) else false_fn()
         return self._ops.cond(pred, true_fn, false_fn)
 
-    #: The backend's ``softmax`` gives exactly 0 to a score ``3.4e38`` below its row's
-    #: maximum (the exponential underflows). True for every Keras backend; the core relies
-    #: on it for masked scores on the attention path (see `multiattn.ops.masking`).
-    softmax_exact_zeros = True
+    def custom_gradient(
+        self,
+        forward: Callable[..., tuple[Any, tuple]],
+        backward: Callable[[tuple, Any], tuple],
+        inputs: tuple,
+    ) -> Any:
+        import jax
+
+        @jax.custom_vjp
+        def call(*args):
+            return forward(*args)[0]
+
+        call.defvjp(forward, lambda saved, grad: tuple(backward(saved, grad)))
+        return call(*inputs)
 
     @property
-    def fused_attention_pays(self) -> bool:
-        """Whether to take the backend's fused attention where it cannot be timed:
-        `multiattn.tuning.fused_attention_pays` measures the choice on the running machine
-        and falls back to this value for Keras symbolic tensors and under
-        ``torch.compile``. False where the backend's fused attention was measured slower
-        than the core's explicit path (`multiattn.ops.attention`) on the project's machine:
-
-        * JAX on CPU: ``jax.nn.dot_product_attention`` (XLA) took 153 ms forward and
-          263 ms forward+backward against 123 ms and 251 ms for the explicit path, on
-          ``(8, 512, 8, 64)`` float32 under ``jax.jit`` (2-core CPU);
-        * TensorFlow: Keras' ``dot_product_attention`` there is an explicit path itself,
-          which scales the whole score matrix and contracts in ``(B, T, H, D)`` layout;
-          the core's explicit path (head-major, queries scaled) was 6% to 13% faster
-          forward and forward+backward in multi-head self-attention under
-          ``tf.function`` (batch 8, length 512, width 512, 8 heads, float32).
-        """
-        backend = self._keras.backend.backend()
-        if backend == "tensorflow":
-            return False
-        if backend != "jax":
-            return True
+    def fused_attention_pays(self) -> bool:  # type: ignore[override]
+        """False on CPU: ``jax.nn.dot_product_attention`` (XLA) took 153 ms forward and
+        263 ms forward+backward against 123 ms and 251 ms for the explicit path, on
+        ``(8, 512, 8, 64)`` float32 under ``jax.jit`` (2-core CPU). True on GPU/TPU."""
         import jax
 
         return jax.default_backend() != "cpu"
 
-    @property
-    def fused_attention_streams(self) -> bool:
-        """True when the backend's fused attention never forms the score matrix as long as
-        its mask is None or broadcast over the queries: PyTorch's
-        ``scaled_dot_product_attention`` (flash kernel on CPU). The core then prefers it to
-        its own blockwise path for long sequences."""
-        return self._keras.backend.backend() == "torch"
 
-    def is_symbolic(self, x: Any) -> bool:
-        """True when ``x`` has no concrete value (Keras symbolic tensor, JAX tracer,
-        TensorFlow graph tensor)."""
-        if isinstance(x, self._keras.KerasTensor):
-            return True
-        jax = sys.modules.get("jax")
-        if jax is not None and isinstance(x, jax.core.Tracer):
-            return True
-        tf = sys.modules.get("tensorflow")
-        if tf is not None and isinstance(x, tf.Tensor) and not tf.executing_eagerly():
-            return True
-        return False
+class _TensorFlowNamespace(KerasNamespace):
+    """Keras' tensorflow backend: ``custom_gradient`` as ``tf.custom_gradient``; the
+    fused attention is not taken where it cannot be timed."""
+
+    #: Keras' ``dot_product_attention`` on TensorFlow is an explicit path itself, which
+    #: scales the whole score matrix and contracts in ``(B, T, H, D)`` layout; the core's
+    #: explicit path (head-major, queries scaled) was 6% to 13% faster forward and
+    #: forward+backward in multi-head self-attention under ``tf.function`` (batch 8,
+    #: length 512, width 512, 8 heads, float32).
+    fused_attention_pays = False
+
+    def custom_gradient(
+        self,
+        forward: Callable[..., tuple[Any, tuple]],
+        backward: Callable[[tuple, Any], tuple],
+        inputs: tuple,
+    ) -> Any:
+        import tensorflow as tf
+
+        @tf.custom_gradient
+        def call(*args):
+            out, saved = forward(*args)
+            return out, lambda grad: list(backward(saved, grad))
+
+        # Variables are read here, so that the function sees tensors only.
+        return call(*(tf.convert_to_tensor(t) for t in inputs))
+
+
+_KERAS_NAMESPACES: dict[str, type[KerasNamespace]] = {
+    "jax": _JaxNamespace,
+    "numpy": _NumpyNamespace,
+    "tensorflow": _TensorFlowNamespace,
+    "torch": _TorchNamespace,
+}
+
+
+def keras_namespace() -> KerasNamespace:
+    """The namespace of the running Keras backend (built once, then cached)."""
+    return _instance("keras", _keras_factory)
+
+
+def _keras_factory() -> KerasNamespace:
+    import keras
+
+    return _KERAS_NAMESPACES.get(keras.backend.backend(), KerasNamespace)()
 
 
 @dataclass(frozen=True)
@@ -276,6 +464,19 @@ class _Registration:
 
 _REGISTRY: list[_Registration] = []
 _INSTANCES: dict[str, Any] = {}
+#: tensor type -> its framework (None: NumPy and Python values, which go with any)
+_FRAMEWORK_OF_TYPE: dict[type, str | None] = {}
+#: top-level module of a type (or of a base class) -> framework
+_FRAMEWORK_MODULES = {
+    "jax": "jax",
+    "jaxlib": "jax",
+    "keras": "keras",
+    "paddle": "paddle",
+    "tensorflow": "tensorflow",
+    "torch": "torch",
+}
+#: the frameworks Keras backends run on (their tensors need that backend)
+_KERAS_FRAMEWORKS = ("jax", "tensorflow", "torch")
 
 
 def register_namespace(
@@ -286,29 +487,112 @@ def register_namespace(
     Args:
         module: top-level module name of the framework (``"paddle"``). The namespace is
             considered only while this module is imported.
-        is_tensor: returns True for a tensor of that framework.
-        factory: builds the namespace object (called once, lazily).
+        is_tensor: returns True for a tensor of that framework (asked once per type).
+        factory: builds the namespace object (called once, lazily); what it returns must
+            implement `multiattn._contract.Namespace` (checked then: ``TypeError``
+            naming what is missing).
     """
+    if not isinstance(module, str) or not module or "." in module:
+        raise ValueError(
+            f"register_namespace: `module` must be a top-level module name; received {module!r}."
+        )
+    for name, fn in (("is_tensor", is_tensor), ("factory", factory)):
+        if not callable(fn):
+            raise TypeError(f"register_namespace: `{name}` must be callable; received {fn!r}.")
     _REGISTRY.append(_Registration(module, is_tensor, factory))
+    _FRAMEWORK_OF_TYPE.clear()
 
 
 def _instance(key: str, factory: Callable[[], Any]) -> Any:
     ns = _INSTANCES.get(key)
     if ns is None:
-        ns = _INSTANCES[key] = factory()
+        ns = factory()
+        check_namespace(ns)
+        _INSTANCES[key] = ns
     return ns
+
+
+def framework_of(x: Any) -> str | None:
+    """The framework of the tensor ``x``: a registered framework's module name
+    (``"paddle"``), ``"jax"``, ``"torch"``, ``"tensorflow"``, ``"keras"`` (Keras symbolic
+    tensors and variables), or None for NumPy arrays, Python values and anything else,
+    which a namespace converts. Decided once per type."""
+    tp = type(x)
+    try:
+        return _FRAMEWORK_OF_TYPE[tp]
+    except KeyError:
+        pass
+    found = None
+    for reg in _REGISTRY:
+        if reg.module in sys.modules and reg.is_tensor(x):
+            found = reg.module
+            break
+    else:
+        for cls in tp.__mro__:
+            found = _FRAMEWORK_MODULES.get(cls.__module__.partition(".")[0])
+            if found is not None:
+                break
+    _FRAMEWORK_OF_TYPE[tp] = found
+    return found
+
+
+def _type_name(x: Any) -> str:
+    tp = type(x)
+    return f"{tp.__module__}.{tp.__qualname__}"
 
 
 def get_ops(*tensors: Any) -> Any:
     """Return the ops namespace for ``tensors`` (``None`` entries are ignored).
 
-    A registered framework's namespace is returned when any tensor belongs to it;
-    otherwise the Keras namespace (``keras.ops`` of the active Keras backend).
+    A registered framework's namespace when the tensors are that framework's, else the
+    namespace of the running Keras backend (`keras_namespace`). NumPy arrays and Python
+    values go with either.
+
+    Raises:
+        TypeError: tensors of two frameworks in one call (a Paddle tensor with a Keras
+            variable, a torch tensor with a jax array), or a tensor of a framework other
+            than the running Keras backend's (a torch tensor while Keras runs on jax).
     """
+    framework, first = None, None
+    for t in tensors:
+        if t is None:
+            continue
+        found = framework_of(t)
+        if found is None or found == framework:
+            continue
+        if framework is None:
+            framework, first = found, t
+        elif {framework, found} <= {"keras", *_KERAS_FRAMEWORKS} and "keras" in (
+            framework,
+            found,
+        ):
+            framework, first = (found, t) if framework == "keras" else (framework, first)
+        else:
+            raise TypeError(
+                "multiattn: one call received tensors of two frameworks: "
+                f"{_type_name(first)} ({framework}) and {_type_name(t)} ({found}); expected "
+                "tensors of one framework (NumPy arrays and Python values go with any)."
+            )
+    if framework is None or framework in ("keras", *_KERAS_FRAMEWORKS):
+        ns = keras_namespace()
+        if framework in _KERAS_FRAMEWORKS and framework != _framework_of_backend(ns.backend):
+            raise TypeError(
+                f"multiattn: received a {_type_name(first)} ({framework}), but Keras runs "
+                f"on its {ns.backend!r} backend; expected {ns.backend} tensors, Keras "
+                "tensors or variables, NumPy arrays or Python values (set KERAS_BACKEND "
+                f"to {framework!r} in a new process to compute on {framework})."
+            )
+        return ns
     for reg in _REGISTRY:
-        if reg.module in sys.modules and any(t is not None and reg.is_tensor(t) for t in tensors):
+        if reg.module == framework:
             return _instance(reg.module, reg.factory)
-    return _instance("keras", KerasNamespace)
+    raise AssertionError(framework)  # framework_of names registered modules only
+
+
+def _framework_of_backend(backend: str) -> str | None:
+    """The framework whose tensors Keras' ``backend`` computes on (None: numpy and any
+    backend whose tensors are NumPy arrays or its own)."""
+    return backend if backend in _KERAS_FRAMEWORKS else None
 
 
 @functools.cache

@@ -1,38 +1,49 @@
-"""Runtime settings of multiattn.
+"""Runtime settings of multiattn, scoped or process-wide.
 
-Two settings: the *attention memory budget* and which library runs dense projections
-on PyTorch CPU (see `set_torch_onednn`; unset, it is measured on the running machine by
-`multiattn.tuning`).
+Three settings:
 
-The *attention memory budget* is the most memory, in bytes, that
-the attention score matrix of one call may take. When the scores of a call
-(``batch * heads * queries * keys`` elements of the compute dtype: float32 for float16,
-bfloat16 and float32 inputs, float64 for float64) would exceed the budget, attention is
-computed block by block with an online softmax (see ``docs/long-sequences.md``), which
-never holds the whole score matrix; below it, the direct path (one score matrix, one
-softmax) is used.
+* ``attention_memory_budget``: the most memory, in bytes, that the attention score
+  matrix of one call may take. When the scores of a call (``batch * heads * queries *
+  keys`` elements of the compute dtype: float32 for float16, bfloat16 and float32 inputs,
+  float64 for float64) would exceed the budget, attention is computed block by block with
+  an online softmax (see ``docs/long-sequences.md``), which never holds the whole score
+  matrix; below it, the direct path (one score matrix, one softmax) is used.
+* ``block_size``: force that blockwise path with blocks of this many ``(queries, keys)``
+  for attention calls that give no ``block_size`` of their own (None: decided by the
+  budget).
+* ``torch_onednn``: which library runs dense projections on PyTorch CPU (see
+  `set_torch_onednn`; unset, it is measured on the running machine by `multiattn.tuning`).
 
-The budget is, in order of precedence:
+A value is looked up, in order of precedence:
 
-1. the value given to `set_attention_memory_budget` (or the `attention_memory_budget`
-   context manager);
-2. the environment variable ``MULTIATTN_ATTENTION_MEMORY_BUDGET``, read at every call,
-   as a number of bytes with an optional unit: ``1073741824``, ``512MiB``, ``2GiB``,
-   ``1.5GB``, ``64k`` (``k``/``M``/``G``/``T`` and ``KB``... are powers of 1000,
-   ``KiB``... powers of 1024);
-3. `DEFAULT_ATTENTION_MEMORY_BUDGET`, 1 GiB.
+1. the innermost `settings` block that gives it (``with settings(block_size=64): ...``):
+   a `contextvars` variable, so nested blocks restore the outer value on exit and each
+   thread and asyncio task sees its own;
+2. the process-wide value of a setter (`set_attention_memory_budget`,
+   `set_torch_onednn`);
+3. the environment variables ``MULTIATTN_ATTENTION_MEMORY_BUDGET`` (a number of bytes
+   with an optional unit: ``1073741824``, ``512MiB``, ``2GiB``, ``1.5GB``, ``64k``;
+   ``k``/``M``/``G``/``T`` and ``KB``... are powers of 1000, ``KiB``... powers of 1024)
+   and ``MULTIATTN_TORCH_ONEDNN``, read once, at first use (`reload_environment` reads
+   them again);
+4. the defaults: `DEFAULT_ATTENTION_MEMORY_BUDGET` (1 GiB), no forced block size,
+   ``torch_onednn`` measured.
 
-The budget is read when attention is traced or run: under ``jax.jit`` or
-``tf.function`` the value at tracing time is compiled in.
+Settings are read when attention is traced or run: under ``jax.jit`` or
+``tf.function`` the values in force when the function is *traced* are compiled in, and a
+later `settings` block around a call of the compiled function changes nothing until it
+is traced again (under ``torch.compile`` likewise, until it recompiles).
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -43,9 +54,12 @@ __all__ = [
     "ONEDNN_ENV_VAR",
     "attention_memory_budget",
     "get_attention_memory_budget",
+    "get_block_size",
     "get_torch_onednn",
+    "reload_environment",
     "set_attention_memory_budget",
     "set_torch_onednn",
+    "settings",
 ]
 
 BUDGET_ENV_VAR = "MULTIATTN_ATTENTION_MEMORY_BUDGET"
@@ -73,6 +87,13 @@ ONEDNN_ENV_VAR = "MULTIATTN_TORCH_ONEDNN"
 
 _budget: int | None = None
 _torch_onednn: bool | None = None
+#: the environment's values, read at first use: {"budget": int | None, "onednn": ...}
+_environment: dict[str, Any] | None = None
+#: the values of the enclosing `settings` blocks (name -> value)
+_scoped: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "multiattn_settings", default=MappingProxyType({})
+)
+_UNSET: Any = object()
 
 
 def parse_bytes(value: Any, *, what: str = "attention memory budget") -> int:
@@ -110,29 +131,123 @@ def set_attention_memory_budget(nbytes: int | str | None) -> None:
 
 
 def get_attention_memory_budget() -> int:
-    """The attention memory budget in bytes (set value, else environment, else 1 GiB)."""
+    """The attention memory budget in bytes: the innermost `settings` value, else the set
+    value, else the environment, else 1 GiB."""
+    scoped = _scoped.get().get("attention_memory_budget")
+    if scoped is not None:
+        return scoped
     if _budget is not None:
         return _budget
-    raw = os.environ.get(BUDGET_ENV_VAR, "").strip()
-    if raw:
-        return parse_bytes(raw, what=BUDGET_ENV_VAR)
-    return DEFAULT_ATTENTION_MEMORY_BUDGET
+    env = _read_environment()["budget"]
+    return DEFAULT_ATTENTION_MEMORY_BUDGET if env is None else env
+
+
+def get_block_size() -> tuple[int, int] | None:
+    """The ``(queries, keys)`` blocks the innermost `settings` block forces on attention
+    calls that give no ``block_size`` of their own, or None."""
+    return _scoped.get().get("block_size")
+
+
+def reload_environment() -> None:
+    """Read ``MULTIATTN_ATTENTION_MEMORY_BUDGET`` and ``MULTIATTN_TORCH_ONEDNN`` again at
+    their next use (they are otherwise read once per process)."""
+    global _environment
+    _environment = None
+
+
+def _read_environment() -> dict[str, Any]:
+    global _environment
+    if _environment is None:
+        raw = os.environ.get(BUDGET_ENV_VAR, "").strip()
+        budget = parse_bytes(raw, what=BUDGET_ENV_VAR) if raw else None
+        _environment = {
+            "budget": budget,
+            "onednn": _parse_onednn(os.environ.get(ONEDNN_ENV_VAR, "")),
+        }
+    return _environment
+
+
+def _parse_onednn(raw: str) -> bool | None:
+    raw = raw.strip().lower()
+    if raw in ("0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("", "auto"):
+        return None
+    raise ValueError(
+        f"{ONEDNN_ENV_VAR}: expected 1/0, true/false, yes/no, on/off or auto; received {raw!r}."
+    )
+
+
+@contextmanager
+def settings(
+    *,
+    attention_memory_budget: int | str | None = _UNSET,
+    block_size: int | tuple[int, int] | None = _UNSET,
+    torch_onednn: bool | None = _UNSET,
+) -> Iterator[None]:
+    """Scoped settings: inside the block, the given values apply to every multiattn call
+    in this thread or asyncio task (``with settings(attention_memory_budget="64MiB",
+    block_size=(128, 256)): ...``); on exit the previous values apply again. Blocks nest;
+    an argument left out keeps the enclosing value, and None means the process-wide value
+    (the setters', else the environment's, else the default).
+
+    Args:
+        attention_memory_budget: bytes (an int or a string such as ``"512MiB"``).
+        block_size: a positive int or a pair ``(queries, keys)``: attention calls without
+            a ``block_size`` of their own take the blockwise path with these blocks
+            (not when the weights or dropout are needed; as the argument of
+            `multiattn.ops.scaled_dot_product_attention`, it needs static lengths).
+        torch_onednn: True (oneDNN) or False (BLAS) for the dense projections on PyTorch
+            CPU (see `set_torch_onednn`).
+
+    Values are read when a function is traced: under ``jax.jit`` and ``tf.function`` the
+    values in force at tracing time are compiled in.
+    """
+    changes: dict[str, Any] = {}
+    if attention_memory_budget is not _UNSET:
+        changes["attention_memory_budget"] = (
+            None if attention_memory_budget is None else parse_bytes(attention_memory_budget)
+        )
+    if block_size is not _UNSET:
+        changes["block_size"] = None if block_size is None else _block_pair(block_size)
+    if torch_onednn is not _UNSET:
+        changes["torch_onednn"] = _check_onednn("settings", torch_onednn)
+    token = _scoped.set({**_scoped.get(), **changes})
+    try:
+        yield
+    finally:
+        _scoped.reset(token)
+
+
+def _block_pair(block_size: Any) -> tuple[int, int]:
+    pair = block_size if isinstance(block_size, (tuple, list)) else (block_size, block_size)
+    ok = len(pair) == 2 and all(
+        not isinstance(b, bool) and isinstance(b, (int, np.integer)) and b >= 1 for b in pair
+    )
+    if not ok:
+        raise ValueError(
+            "settings: `block_size` must be None, a positive integer or a pair of positive "
+            f"integers (queries, keys); received {block_size!r}."
+        )
+    return int(pair[0]), int(pair[1])
+
+
+def _check_onednn(where: str, enabled: Any) -> bool | None:
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(
+            f"{where}: `torch_onednn` expects True, False or None; received {enabled!r}."
+        )
+    return enabled
 
 
 @contextmanager
 def attention_memory_budget(nbytes: int | str | None) -> Iterator[int]:
-    """Temporarily set the budget (``with attention_memory_budget("64MiB"): ...``).
-
-    Yields the budget in effect inside the block; the previous setting is restored on
-    exit.
-    """
-    global _budget
-    saved = _budget
-    set_attention_memory_budget(nbytes)
-    try:
+    """``settings(attention_memory_budget=nbytes)`` that yields the budget in effect
+    inside the block (``with attention_memory_budget("64MiB") as budget: ...``)."""
+    with settings(attention_memory_budget=nbytes):
         yield get_attention_memory_budget()
-    finally:
-        _budget = saved
 
 
 def set_torch_onednn(enabled: bool | None) -> None:
@@ -152,8 +267,9 @@ def set_torch_onednn(enabled: bool | None) -> None:
     ``True`` forces oneDNN for every product, ``False`` PyTorch's own ``einsum`` (its
     BLAS), without timing anything. ``None`` forgets the value set here: the environment
     variable ``MULTIATTN_TORCH_ONEDNN`` (``1``, ``true``, ``yes`` or ``on`` force oneDNN;
-    ``0``, ``false``, ``no`` or ``off`` force BLAS; ``auto`` or empty measure), else
-    measurement, applies again. Read when a projection runs (or is traced). The two
+    ``0``, ``false``, ``no`` or ``off`` force BLAS; ``auto`` or empty measure; read once),
+    else measurement, applies again. A `settings` block overrides it in its scope. Read
+    when a projection runs (or is traced). The two
     libraries compute the same product and differ only by rounding (a few units in the
     last place), so two processes that measured differently agree to float32 rounding,
     not bit for bit: force a library for bitwise-repeatable runs. oneDNN is used only
@@ -167,17 +283,12 @@ def set_torch_onednn(enabled: bool | None) -> None:
 
 def get_torch_onednn() -> bool | None:
     """The projection library setting: ``True`` (oneDNN forced), ``False`` (BLAS forced) or
-    ``None`` (measured per shape class, `multiattn.tuning`); the value set by
-    `set_torch_onednn`, else ``MULTIATTN_TORCH_ONEDNN``, else None."""
+    ``None`` (measured per shape class, `multiattn.tuning`): the innermost `settings`
+    value, else the value set by `set_torch_onednn`, else ``MULTIATTN_TORCH_ONEDNN``, else
+    None."""
+    scoped = _scoped.get().get("torch_onednn")
+    if scoped is not None:
+        return scoped
     if _torch_onednn is not None:
         return _torch_onednn
-    raw = os.environ.get(ONEDNN_ENV_VAR, "").strip().lower()
-    if raw in ("0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("", "auto"):
-        return None
-    raise ValueError(
-        f"{ONEDNN_ENV_VAR}: expected 1/0, true/false, yes/no, on/off or auto; received {raw!r}."
-    )
+    return _read_environment()["onednn"]

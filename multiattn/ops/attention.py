@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .. import tuning
+from .. import config, tuning
 from .._checks import (
     HALF_DTYPES,
     as_array,
@@ -105,13 +105,16 @@ def attend(
         causal: bottom-right aligned causal mask (static ``Tq``, ``Tk``).
         scale: multiplier of the dot products.
         block_size: ``(queries, keys)`` forces the blockwise path with these blocks; None
-            takes it only when the scores ``B*H*Tq*Tk`` would exceed the memory budget.
+            takes the ``block_size`` of `multiattn.config.settings`, if any, else takes
+            the path only when the scores ``B*H*Tq*Tk`` would exceed the memory budget.
             Either way it is not taken when the weights or dropout are needed.
 
     Returns:
         ``(B, Tq, H, Dv)``, and the weights ``(B, H, Tq, Tk)`` when ``return_weights``.
         Half-precision inputs are computed in float32; results are cast back.
     """
+    if block_size is None:
+        block_size = config.get_block_size()
     dtype = ops.dtype_name(query)
     if dtype in HALF_DTYPES:
         query, key, value = (ops.cast(t, "float32") for t in (query, key, value))
@@ -304,7 +307,7 @@ def _fused_eligible(ops: Any, query: Any, key: Any, value: Any) -> bool:
     """The backend has a fused kernel for these arrays: float32, and value width == key
     width (Keras' fused attention fails otherwise on jax)."""
     return (
-        hasattr(ops, "fused_attention")
+        ops.has_fused_attention
         and ops.dtype_name(query) == "float32"
         and shape_of(key)[-1] is not None
         and shape_of(key)[-1] == shape_of(value)[-1]
@@ -334,7 +337,7 @@ def _fused_streams(
     any) are one per sequence (a mask broadcast over the queries) and a causal mask is
     square without lengths (the kernel's own ``is_causal``). The blockwise path is then
     not needed, whatever the memory budget says."""
-    if keep is not None or not getattr(ops, "fused_attention_streams", False):
+    if keep is not None or not ops.fused_attention_streams:
         return False
     if not _fused_eligible(ops, query, key, value):
         return False
@@ -586,7 +589,7 @@ def scaled_dot_product_attention(
             int, or a pair ``(queries, keys)``. None (default): that path is taken when
             the score matrix (``batch * heads * queries * keys`` elements of the compute
             dtype) would exceed the memory budget of `multiattn.config` (1 GiB by
-            default). The blockwise path is never taken when ``return_weights`` is set
+            default), unless a `multiattn.config.settings` block gives a block size. The blockwise path is never taken when ``return_weights`` is set
             or dropout is active (both need the whole weight matrix): the direct path
             is used then, whatever ``block_size`` or the budget say.
 

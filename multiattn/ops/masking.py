@@ -269,7 +269,7 @@ def softmax_where(ops: Any, x: Any, keep: Any, *, zero_empty_rows: bool = True) 
         weights = _exact_softmax(ops, x, keep)
     else:
         weights = ops.softmax(ops.where(keep, x, MASKED_SCORE), axis=-1)
-        if not getattr(ops, "softmax_exact_zeros", True):
+        if not ops.softmax_exact_zeros:
             weights = ops.where(keep, weights, 0.0)
     if dtype in HALF_DTYPES:
         weights = ops.cast(weights, dtype)

@@ -20,7 +20,7 @@ from _support import (
 from multiattn import config, layers, ops
 from multiattn import reference as ref
 from multiattn._namespace import get_ops
-from multiattn.ops import attention, blockwise
+from multiattn.ops import attention, blockwise, blockwise_grad
 
 RNG = np.random.default_rng(23)
 
@@ -690,11 +690,15 @@ def test_bad_block_size(bad):
 def test_config_budget_set_get_env_and_context(monkeypatch):
     monkeypatch.delenv(config.BUDGET_ENV_VAR, raising=False)
     monkeypatch.setattr(config, "_budget", None)
+    monkeypatch.setattr(config, "_environment", None)
     assert config.get_attention_memory_budget() == config.DEFAULT_ATTENTION_MEMORY_BUDGET == 2**30
     monkeypatch.setenv(config.BUDGET_ENV_VAR, "512MiB")
+    assert config.get_attention_memory_budget() == 2**30  # read once, at first use
+    config.reload_environment()
     assert config.get_attention_memory_budget() == 512 * 2**20
     for text, value in (("1073741824", 2**30), ("1.5GB", 1.5e9), ("64k", 64000), ("2 GiB", 2**31)):
         monkeypatch.setenv(config.BUDGET_ENV_VAR, text)
+        config.reload_environment()
         assert config.get_attention_memory_budget() == int(value)
     config.set_attention_memory_budget(1000)
     assert config.get_attention_memory_budget() == 1000  # the set value beats the variable
@@ -704,6 +708,7 @@ def test_config_budget_set_get_env_and_context(monkeypatch):
     config.set_attention_memory_budget(None)
     assert config.get_attention_memory_budget() == 2**31
     monkeypatch.setenv(config.BUDGET_ENV_VAR, "lots")
+    config.reload_environment()
     with pytest.raises(ValueError, match=config.BUDGET_ENV_VAR):
         config.get_attention_memory_budget()
     for bad, error in (("12 parsecs", ValueError), (0, ValueError), (-5, ValueError)):
@@ -712,3 +717,24 @@ def test_config_budget_set_get_env_and_context(monkeypatch):
     for bad in (True, [1], float("nan")):
         with pytest.raises((TypeError, ValueError), match="budget"):
             config.set_attention_memory_budget(bad)
+    config.reload_environment()
+
+
+def test_settings_block_size_takes_the_blockwise_path(monkeypatch):
+    """A block size of `multiattn.config.settings` applies to calls without their own,
+    and a call's own `block_size` beats it."""
+    q = cast(RNG.standard_normal((2, 6, 4)), "float32")
+    seen = []
+    real = blockwise_grad.attention
+    monkeypatch.setattr(
+        blockwise_grad, "attention", lambda *a, **k: seen.append(k["blocks"]) or real(*a, **k)
+    )
+    want = ops.scaled_dot_product_attention(q, q, q, causal=True)
+    assert seen == []
+    with config.settings(block_size=(2, 3)):
+        got = ops.scaled_dot_product_attention(q, q, q, causal=True)
+        ops.scaled_dot_product_attention(q, q, q, causal=True, block_size=4)
+        with config.settings(block_size=None):
+            ops.scaled_dot_product_attention(q, q, q, causal=True)
+    assert seen == [(2, 3), (4, 4)]
+    assert_close(got, to_np(want), "float32")

@@ -109,19 +109,24 @@ def test_torch_onednn_path_is_taken_and_switchable(monkeypatch):
         ops.linear(*args)
         assert len(calls) == 2
         monkeypatch.setenv(config.ONEDNN_ENV_VAR, "off")
+        config.reload_environment()
         config.set_torch_onednn(None)
         ops.linear(*args)
         assert len(calls) == 2
         monkeypatch.setenv(config.ONEDNN_ENV_VAR, "1")
+        config.reload_environment()
         ops.linear(*args)
         assert calls[-1] is False and len(calls) == 3
         monkeypatch.setenv(config.ONEDNN_ENV_VAR, "auto")
+        config.reload_environment()
         ops.linear(*args)
         assert calls[-1] is True and len(calls) == 4
         ops.linear(*(cast(a, "float64") for a in (x, kernel, bias)))  # float64: BLAS
         assert len(calls) == 4
     finally:
         config.set_torch_onednn(None)
+        monkeypatch.delenv(config.ONEDNN_ENV_VAR, raising=False)
+        config.reload_environment()
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the oneDNN path is PyTorch's")
@@ -165,5 +170,8 @@ def test_onednn_setting_rejects_bad_values(monkeypatch):
     with pytest.raises(TypeError, match="set_torch_onednn"):
         config.set_torch_onednn("yes")
     monkeypatch.setenv(config.ONEDNN_ENV_VAR, "maybe")
+    config.reload_environment()
     with pytest.raises(ValueError, match=r"MULTIATTN_TORCH_ONEDNN.*'maybe'"):
         config.get_torch_onednn()
+    monkeypatch.delenv(config.ONEDNN_ENV_VAR)
+    config.reload_environment()

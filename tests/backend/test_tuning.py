@@ -23,11 +23,13 @@ torch_only = pytest.mark.skipif(BACKEND != "torch", reason="the projection choic
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
     monkeypatch.delenv(config.ONEDNN_ENV_VAR, raising=False)
+    config.reload_environment()
     tuning.reset()
     config.set_torch_onednn(None)
     yield
     tuning.reset()
     config.set_torch_onednn(None)
+    config.reload_environment()
 
 
 def fake_timing(monkeypatch, winner: str) -> list:
@@ -99,6 +101,7 @@ def test_override_is_obeyed(monkeypatch, routes, setting):
             config.set_torch_onednn(value)
         else:
             monkeypatch.setenv(config.ONEDNN_ENV_VAR, "on" if value else "0")
+            config.reload_environment()
 
     force(True)
     _forward_backward(x, kernel, bias)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
 import paddle
 import pytest
@@ -370,6 +371,17 @@ BAD_CALLS = {
     "batch_mismatch": ({"k": tensor(np.zeros((3, T, D_IN)))}, ValueError, "batch size"),
     "dtype": ({"q": tensor(np.zeros((4, T, D_IN)), "float64")}, TypeError, "`queries`.*float32"),
     "int_input": ({"v": paddle.zeros([4, T, D_IN], dtype="int32")}, TypeError, "`values`"),
+    "keras_input": (
+        {"q": keras.Variable(np.zeros((4, T, D_IN), "float32"))},
+        TypeError,
+        r"`queries` must be a paddle.Tensor, a NumPy array or Python values; received a "
+        r"keras\..*\(keras\)",
+    ),
+    "keras_lens": (
+        {"lens": keras.Variable(np.ones(4, "float32"))},
+        TypeError,
+        r"`valid_lens` must be a paddle.Tensor.*\(keras\)",
+    ),
 }
 
 

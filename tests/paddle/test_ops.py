@@ -3,9 +3,6 @@ Paddle tensors against the float64 oracle."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import keras
 import ml_dtypes
 import numpy as np
@@ -31,13 +28,13 @@ from multiattn.backends._paddle_ops import (
 
 from multiattn import ops
 from multiattn import reference as ref
-from multiattn._namespace import KerasNamespace, get_ops
+from multiattn._contract import check_namespace
+from multiattn._namespace import KerasNamespace, get_ops, keras_namespace
 
 PNS = get_ops(paddle.zeros([1]))
-KNS = KerasNamespace()
+KNS = keras_namespace()
 RNG = np.random.default_rng(11)
 DTYPES = ("bool", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
-CORE_DIR = Path(ops.__file__).resolve().parent
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -107,18 +104,30 @@ def test_registration_dispatches_paddle_tensors_to_the_paddle_namespace():
     assert isinstance(get_ops(None, np.ones(2), t), PaddleNamespace)
     assert isinstance(get_ops(np.ones(2)), KerasNamespace)
     assert get_ops(t) is get_ops(paddle.zeros([3]))
-    assert not hasattr(PNS, "fused_attention")  # the core takes its explicit path
+    assert not PNS.has_fused_attention  # the core takes its explicit path
+    assert PNS.backend == "paddle" and not PNS.softmax_exact_zeros
 
 
-def test_namespace_covers_every_operation_the_core_calls():
-    called = set()
-    pattern = re.compile(r"\b(?:ops|ns|get_ops\([^)]*\))\.([a-z_]+)\(")
-    for path in [*CORE_DIR.glob("*.py"), CORE_DIR.parent / "_checks.py"]:
-        called |= set(pattern.findall(path.read_text()))
-    called.discard("fused_attention")
-    assert called, "no namespace calls found: the pattern is stale"
-    missing = sorted(n for n in called if not callable(getattr(PNS, n, None)))
-    assert not missing, f"PaddleNamespace lacks {missing}"
+def test_paddle_namespace_implements_the_contract():
+    """Every operation and capability of `multiattn._contract.Namespace`, with compatible
+    signatures (``tests/test_contract.py`` checks that the contract covers every
+    operation the library uses)."""
+    check_namespace(PNS)
+    check_namespace(PaddleNamespace)
+    with pytest.raises(NotImplementedError, match="has_fused_attention is False"):
+        PNS.fused_attention(None, None, None, None, 1.0)
+
+
+def test_mixing_paddle_with_another_framework_is_a_type_error():
+    t = paddle.ones([2, 3, 4])
+    k = keras.Variable(np.ones((2, 3, 4), "float32"))
+    with pytest.raises(TypeError, match=r"two frameworks: paddle\..*\(paddle\) and .*\(keras\)"):
+        ops.scaled_dot_product_attention(t, k, t)
+    with pytest.raises(TypeError, match=r"expected Paddle tensors.*received a keras"):
+        PNS.exp(k)
+    # NumPy arrays and Python values go with Paddle tensors
+    out = ops.scaled_dot_product_attention(t, np.ones((2, 3, 4), "float32"), t.numpy())
+    assert isinstance(out, paddle.Tensor)
 
 
 # --- dtypes and conversion --------------------------------------------------------------
@@ -327,6 +336,38 @@ def test_exp_underflows_to_exactly_zero(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_abs_and_multiply(dtype):
+    a, b = sample((3, 4), dtype, -3, 4), sample((3, 4), dtype, -3, 4)
+    compare("abs", a)
+    compare("multiply", a, b)
+    compare("multiply", a[:1], b)
+    compare("multiply", a, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_take(dtype):
+    x = sample((4, 3, 2), dtype, -3, 4)
+    idx = np.array([[0, 3], [-1, 2]], dtype="int32")
+    compare("take", x, idx, axis=0)
+    compare("take", x, idx % 3, axis=1, value_args=[x])
+    compare("take", x, np.array([5, 0, -2]), value_args=[x])  # flattened
+    with pytest.raises(TypeError, match="`indices` must be integers"):
+        PNS.take(pd(x), np.array([0.5]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("contract", [1, 2])
+def test_linear(dtype, contract):
+    x = sample((2, 3, 4, 2), dtype)
+    kernel = sample((4, 2, 5) if contract == 2 else (2, 5), dtype)
+    bias = sample((5,), dtype)
+    compare("linear", x, kernel, bias, contract=contract)
+    compare("linear", x, kernel, contract=contract)
+    with pytest.raises(ValueError, match="`contract`"):
+        PNS.linear(pd(x), pd(kernel), contract=5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_log(dtype):
     compare("log", sample((3, 4), dtype, 1, 5))
 
@@ -358,7 +399,7 @@ def test_logical_ops(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["less", "less_equal", "not_equal"])
+@pytest.mark.parametrize("name", ["less", "less_equal", "not_equal", "equal", "greater_equal"])
 def test_comparisons(name, dtype):
     a, b = sample((3, 4), dtype, -2, 3), sample((3, 4), dtype, -2, 3)
     compare(name, a, b)
