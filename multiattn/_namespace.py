@@ -278,15 +278,6 @@ class _TorchNamespace(KerasNamespace):
 
     fused_attention_streams = True
 
-    @property
-    def fused_attention_groups(self) -> bool:  # type: ignore[override]
-        """PyTorch's SDPA takes grouped key/value heads (``enable_gqa``) from 2.5 on; its
-        CPU flash kernel keeps them grouped."""
-        import torch
-
-        major, minor = (int(p) for p in torch.__version__.split(".")[:2])
-        return (major, minor) >= (2, 5)
-
     def einsum(self, subscripts: str, *operands: Any) -> Any:
         """``keras.ops.einsum``, except that float64 operands go to ``torch.einsum``
         (Keras promotes float64 to float32 here)."""
@@ -360,17 +351,14 @@ class _TorchNamespace(KerasNamespace):
         """PyTorch's ``scaled_dot_product_attention`` on ``(batch, heads, seq, dim)``
         views of the inputs with the bool mask as it is: ``keras.ops.dot_product_attention``
         copies the three inputs to contiguous tensors first and turns the mask into an
-        additive float mask. Fewer key/value heads than query heads go to the kernel as
-        they are (``enable_gqa``)."""
+        additive float mask."""
         import torch
 
-        grouped = {"enable_gqa": True} if key.shape[2] != query.shape[2] else {}
         out = torch.nn.functional.scaled_dot_product_attention(
             *(t.transpose(1, 2) for t in (query, key, value)),
             attn_mask=mask,
             is_causal=is_causal,
             scale=scale,
-            **grouped,
         )
         return out.transpose(1, 2)
 
@@ -553,50 +541,45 @@ def _type_name(x: Any) -> str:
     return f"{tp.__module__}.{tp.__qualname__}"
 
 
-def get_ops(*tensors: Any, names: tuple[str, ...] | None = None, where: str = "multiattn") -> Any:
+def get_ops(*tensors: Any) -> Any:
     """Return the ops namespace for ``tensors`` (``None`` entries are ignored).
 
     A registered framework's namespace when the tensors are that framework's, else the
     namespace of the running Keras backend (`keras_namespace`). NumPy arrays and Python
-    values go with either. ``names`` (one per tensor) and ``where`` (the public function)
-    name the arguments in the errors.
+    values go with either.
 
     Raises:
         TypeError: tensors of two frameworks in one call (a Paddle tensor with a Keras
             variable, a torch tensor with a jax array), or a tensor of a framework other
             than the running Keras backend's (a torch tensor while Keras runs on jax).
     """
-
-    def label(i: int) -> str:
-        return f"`{names[i]}`" if names is not None and i < len(names) else f"argument {i}"
-
     framework, first = None, None
-    for i, t in enumerate(tensors):
+    for t in tensors:
         if t is None:
             continue
         found = framework_of(t)
         if found is None or found == framework:
             continue
         if framework is None:
-            framework, first = found, i
+            framework, first = found, t
         elif {framework, found} <= {"keras", *_KERAS_FRAMEWORKS} and "keras" in (
             framework,
             found,
         ):
-            framework, first = (found, i) if framework == "keras" else (framework, first)
+            framework, first = (found, t) if framework == "keras" else (framework, first)
         else:
             raise TypeError(
-                f"{where}: {label(i)} is a {_type_name(t)} ({found}) but {label(first)} is a "
-                f"{_type_name(tensors[first])} ({framework}); one call takes tensors of one "
-                "framework (NumPy arrays and Python values go with any)."
+                "multiattn: one call received tensors of two frameworks: "
+                f"{_type_name(first)} ({framework}) and {_type_name(t)} ({found}); expected "
+                "tensors of one framework (NumPy arrays and Python values go with any)."
             )
     if framework is None or framework in ("keras", *_KERAS_FRAMEWORKS):
         ns = keras_namespace()
         if framework in _KERAS_FRAMEWORKS and framework != _framework_of_backend(ns.backend):
             raise TypeError(
-                f"{where}: {label(first)} is a {_type_name(tensors[first])} ({framework}), but "
-                f"Keras runs on its {ns.backend!r} backend; expected {ns.backend} tensors, "
-                "Keras tensors or variables, NumPy arrays or Python values (set KERAS_BACKEND "
+                f"multiattn: received a {_type_name(first)} ({framework}), but Keras runs "
+                f"on its {ns.backend!r} backend; expected {ns.backend} tensors, Keras "
+                "tensors or variables, NumPy arrays or Python values (set KERAS_BACKEND "
                 f"to {framework!r} in a new process to compute on {framework})."
             )
         return ns
