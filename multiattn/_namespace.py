@@ -541,45 +541,50 @@ def _type_name(x: Any) -> str:
     return f"{tp.__module__}.{tp.__qualname__}"
 
 
-def get_ops(*tensors: Any) -> Any:
+def get_ops(*tensors: Any, names: tuple[str, ...] | None = None, where: str = "multiattn") -> Any:
     """Return the ops namespace for ``tensors`` (``None`` entries are ignored).
 
     A registered framework's namespace when the tensors are that framework's, else the
     namespace of the running Keras backend (`keras_namespace`). NumPy arrays and Python
-    values go with either.
+    values go with either. ``names`` (one per tensor) and ``where`` (the public function)
+    name the arguments in the errors.
 
     Raises:
         TypeError: tensors of two frameworks in one call (a Paddle tensor with a Keras
             variable, a torch tensor with a jax array), or a tensor of a framework other
             than the running Keras backend's (a torch tensor while Keras runs on jax).
     """
+
+    def label(i: int) -> str:
+        return f"`{names[i]}`" if names is not None and i < len(names) else f"argument {i}"
+
     framework, first = None, None
-    for t in tensors:
+    for i, t in enumerate(tensors):
         if t is None:
             continue
         found = framework_of(t)
         if found is None or found == framework:
             continue
         if framework is None:
-            framework, first = found, t
+            framework, first = found, i
         elif {framework, found} <= {"keras", *_KERAS_FRAMEWORKS} and "keras" in (
             framework,
             found,
         ):
-            framework, first = (found, t) if framework == "keras" else (framework, first)
+            framework, first = (found, i) if framework == "keras" else (framework, first)
         else:
             raise TypeError(
-                "multiattn: one call received tensors of two frameworks: "
-                f"{_type_name(first)} ({framework}) and {_type_name(t)} ({found}); expected "
-                "tensors of one framework (NumPy arrays and Python values go with any)."
+                f"{where}: {label(i)} is a {_type_name(t)} ({found}) but {label(first)} is a "
+                f"{_type_name(tensors[first])} ({framework}); one call takes tensors of one "
+                "framework (NumPy arrays and Python values go with any)."
             )
     if framework is None or framework in ("keras", *_KERAS_FRAMEWORKS):
         ns = keras_namespace()
         if framework in _KERAS_FRAMEWORKS and framework != _framework_of_backend(ns.backend):
             raise TypeError(
-                f"multiattn: received a {_type_name(first)} ({framework}), but Keras runs "
-                f"on its {ns.backend!r} backend; expected {ns.backend} tensors, Keras "
-                "tensors or variables, NumPy arrays or Python values (set KERAS_BACKEND "
+                f"{where}: {label(first)} is a {_type_name(tensors[first])} ({framework}), but "
+                f"Keras runs on its {ns.backend!r} backend; expected {ns.backend} tensors, "
+                "Keras tensors or variables, NumPy arrays or Python values (set KERAS_BACKEND "
                 f"to {framework!r} in a new process to compute on {framework})."
             )
         return ns

@@ -589,9 +589,9 @@ def scaled_dot_product_attention(
             int, or a pair ``(queries, keys)``. None (default): that path is taken when
             the score matrix (``batch * heads * queries * keys`` elements of the compute
             dtype) would exceed the memory budget of `multiattn.config` (1 GiB by
-            default), unless a `multiattn.config.settings` block gives a block size. The blockwise path is never taken when ``return_weights`` is set
-            or dropout is active (both need the whole weight matrix): the direct path
-            is used then, whatever ``block_size`` or the budget say.
+            default), unless a `multiattn.config.settings` block gives a block size.
+            The blockwise path is never taken when ``return_weights`` is set or dropout
+            is active (both need the whole weight matrix): the direct path is used then, whatever ``block_size`` or the budget say.
 
     Returns:
         Output ``(..., queries, d_v)`` in the inputs' dtype (the leading axes of
@@ -617,7 +617,15 @@ def scaled_dot_product_attention(
         scale=scale,
     )
     where = "scaled_dot_product_attention"
-    ops = get_ops(query, key, value, mask, valid_lens)
+    ops = get_ops(
+        query,
+        key,
+        value,
+        mask,
+        valid_lens,
+        names=("query", "key", "value", "mask", "valid_lens"),
+        where=where,
+    )
     query, key, value = as_array(query), as_array(key), as_array(value)
     qs, ks, vs = _check_qkv(where, ops, query, key, value)
     scale = check_scale(where, scale)
@@ -715,7 +723,14 @@ def score_attention(
         "score_attention", training=training, return_weights=return_weights, seed=seed
     )
     where = "score_attention"
-    ops = get_ops(scores, value, mask, valid_lens)
+    ops = get_ops(
+        scores,
+        value,
+        mask,
+        valid_lens,
+        names=("scores", "value", "mask", "valid_lens"),
+        where=where,
+    )
     scores, value = to_tensor(ops, as_array(scores)), to_tensor(ops, as_array(value))
     sdt = check_float(where, "scores", scores, ops)
     vdt = check_float(where, "value", value, ops)

@@ -318,7 +318,7 @@ def masked_softmax(x: Any, valid_lens: Any = None, *, mask: Any = None, axis: in
             the wrong shape, negative or longer than the axis.
     """
     where = "masked_softmax"
-    ops = get_ops(x, valid_lens, mask)
+    ops = get_ops(x, valid_lens, mask, names=("x", "valid_lens", "mask"), where=where)
     x = to_tensor(ops, as_array(x))
     check_float(where, "x", x, ops)
     shape = shape_of(x)

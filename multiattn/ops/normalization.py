@@ -39,7 +39,7 @@ def layer_norm(x: Any, gamma: Any = None, beta: Any = None, *, epsilon: float = 
         The normalised tensor, shape and dtype of ``x``.
     """
     where = "layer_norm"
-    ops = get_ops(x, gamma, beta)
+    ops = get_ops(x, gamma, beta, names=("x", "gamma", "beta"), where=where)
     x = as_array(x)
     dtype = check_float(where, "x", x, ops)
     shape = shape_of(x)
@@ -140,7 +140,7 @@ def rms_norm(x: Any, scale: Any = None, *, epsilon: float = RMS_NORM_EPSILON) ->
             ``(d,)``, ``epsilon`` not positive and finite.
     """
     where = "rms_norm"
-    ops = get_ops(x, scale)
+    ops = get_ops(x, scale, names=("x", "scale"), where=where)
     x = as_array(x)
     dtype = check_float(where, "x", x, ops)
     shape = shape_of(x)

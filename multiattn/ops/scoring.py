@@ -26,7 +26,7 @@ __all__ = ["additive_scores", "dot_scores", "general_scores", "scaled_dot_scores
 
 
 def _query_key(where: str, query: Any, key: Any) -> tuple[Any, Any, Any, tuple, tuple]:
-    ops = get_ops(query, key)
+    ops = get_ops(query, key, names=("query", "key"), where=where)
     query, key = as_array(query), as_array(key)
     qdt = check_float(where, "query", query, ops)
     kdt = check_float(where, "key", key, ops)

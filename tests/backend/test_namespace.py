@@ -67,14 +67,20 @@ def test_keras_variables_and_symbolic_tensors_go_with_the_backends_tensors():
 
 def test_a_tensor_of_another_framework_is_a_type_error():
     q = np.ones((2, 3, 4), "float32")
-    with pytest.raises(TypeError, match=rf"\({FOREIGN}\), but Keras runs on its '{BACKEND}'"):
+    with pytest.raises(
+        TypeError, match=rf"`query` is a .*\({FOREIGN}\), but Keras runs on its '{BACKEND}'"
+    ):
         ops.scaled_dot_product_attention(_foreign((2, 3, 4)), q, q)
-    with pytest.raises(TypeError, match=rf"\({FOREIGN}\), but Keras runs on its '{BACKEND}'"):
+    with pytest.raises(
+        TypeError, match=rf"`valid_lens` is a .*\({FOREIGN}\), but Keras runs on its '{BACKEND}'"
+    ):
         ops.masked_softmax(q, valid_lens=_foreign((2,)))
 
 
 @pytest.mark.skipif(BACKEND == "numpy", reason="numpy: the backend's tensors are NumPy arrays")
 def test_two_frameworks_in_one_call_are_a_type_error():
     q = cast(np.ones((2, 3, 4)), "float32")
-    with pytest.raises(TypeError, match=rf"two frameworks: .*\({BACKEND}\) and .*\({FOREIGN}\)"):
+    with pytest.raises(
+        TypeError, match=rf"`key` is a .*\({FOREIGN}\) but `query` is a .*\({BACKEND}\)"
+    ):
         ops.scaled_dot_product_attention(q, _foreign((2, 3, 4)), q)
