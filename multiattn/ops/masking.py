@@ -80,15 +80,18 @@ def valid_lens_to_mask(
 
 
 def _check_scores_shape(where: str, scores_shape: Any) -> None:
-    """``scores_shape``: a tuple or list of non-negative ints (or None for unknown sizes)."""
-    ok = isinstance(scores_shape, (tuple, list)) and all(
-        d is None or (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0)
-        for d in scores_shape
-    )
-    if not ok:
+    """``scores_shape``: a tuple or list of sizes, each a non-negative int, None (unknown)
+    or a scalar tensor (a size known only when a traced function runs)."""
+
+    def bad(d: Any) -> bool:
+        if isinstance(d, (bool, float, str, bytes, complex)):
+            return True
+        return isinstance(d, (int, np.integer)) and d < 0
+
+    if not isinstance(scores_shape, (tuple, list)) or any(bad(d) for d in scores_shape):
         raise ValueError(
-            f"{where}: `scores_shape` must be a tuple of non-negative ints (None for an "
-            f"unknown size); received {scores_shape!r}."
+            f"{where}: `scores_shape` must be a tuple of non-negative ints (None or a scalar "
+            f"tensor for a size unknown until the call runs); received {scores_shape!r}."
         )
 
 
