@@ -69,17 +69,21 @@ class CoreTarget:
         h = params["num_heads"]
         hkv = params.get("num_key_value_heads") or h
         out = {
-            "query_kernel": self._heads(ws["W_q"], h, layout),
-            "key_kernel": self._heads(ws["W_k"], hkv, layout),
-            "value_kernel": self._heads(ws["W_v"], hkv, layout),
-            "output_kernel": self.keras.ops.reshape(ws["W_o"], (h, -1, ws["W_o"].shape[-1])),
+            "query/kernel": self._heads(ws["W_q"], h, layout),
+            "key/kernel": self._heads(ws["W_k"], hkv, layout),
+            "value/kernel": self._heads(ws["W_v"], hkv, layout),
+            "attention_output/kernel": self.keras.ops.reshape(
+                ws["W_o"], (h, -1, ws["W_o"].shape[-1])
+            ),
         }
         if "b_q" in ws:
             out.update(
-                query_bias=self._bias(ws["b_q"], h, layout),
-                key_bias=self._bias(ws["b_k"], hkv, layout),
-                value_bias=self._bias(ws["b_v"], hkv, layout),
-                output_bias=ws["b_o"],
+                {
+                    "query/bias": self._bias(ws["b_q"], h, layout),
+                    "key/bias": self._bias(ws["b_k"], hkv, layout),
+                    "value/bias": self._bias(ws["b_v"], hkv, layout),
+                    "attention_output/bias": ws["b_o"],
+                }
             )
         return out
 

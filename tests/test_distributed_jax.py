@@ -112,21 +112,21 @@ def test_weights_are_sharded_as_the_layout_map_says(sharded):
         if any(want):
             sharded_paths.add(path.split("/", 1)[1])
     assert sharded_paths == {
-        "attention/query_kernel",
-        "attention/key_kernel",
-        "attention/value_kernel",
-        "attention/output_kernel",
-        "attention/query_bias",
-        "attention/key_bias",
-        "attention/value_bias",
+        "attention/query/kernel",
+        "attention/key/kernel",
+        "attention/value/kernel",
+        "attention/attention_output/kernel",
+        "attention/query/bias",
+        "attention/key/bias",
+        "attention/value/bias",
         "ffn_1/kernel",
         "ffn_1/bias",
         "ffn_2/kernel",
     }
     # Heads are split over the model axis, the feed-forward by column then by row.
     prefix = next(iter(weights)).split("/", 1)[0]
-    assert weights[f"{prefix}/attention/query_kernel"]["spec"] == [None, "model", None]
-    assert weights[f"{prefix}/attention/output_kernel"]["spec"] == ["model", None, None]
+    assert weights[f"{prefix}/attention/query/kernel"]["spec"] == [None, "model", None]
+    assert weights[f"{prefix}/attention/attention_output/kernel"]["spec"] == ["model", None, None]
     assert weights[f"{prefix}/ffn_1/kernel"]["spec"] == [None, "model"]
     assert weights[f"{prefix}/ffn_2/kernel"]["spec"] == ["model", None]
     assert sharded["output_spec"] == ["batch", None, None]

@@ -10,7 +10,7 @@ bias with it) and its second ``(dff, d_model)`` by row (Megatron-LM's split). La
 normalisation weights and the output biases are replicated.
 
 Keys are regular expressions matched in full against ``variable.path``
-(``"transformer_encoder_layer/attention/query_kernel"``); a variable that matches none is
+(``"transformer_encoder_layer/attention/query/kernel"``); a variable that matches none is
 replicated by ``keras.distribution.ModelParallel``.
 """
 
@@ -41,15 +41,18 @@ def sharded_heads_rules(model_axis: str = "model") -> dict[str, tuple[str | None
 
     Returns:
         A dict from regular expression (matched in full against ``variable.path``) to
-        an axes tuple, e.g. ``".../query_kernel"`` -> ``(None, model_axis, None)`` for
+        an axes tuple, e.g. ``".../query/kernel"`` -> ``(None, model_axis, None)`` for
         the kernel of shape ``(E, H, D)``.
     """
     m = _check_axis_name("sharded_heads_rules", "model_axis", model_axis)
     rules: dict[str, tuple[str | None, ...]] = {}
-    for name in ("query", "key", "value"):
-        rules[f"{_ANY_PARENT}{name}_kernel"] = (None, m, None)  # (E, H, D): by head
-        rules[f"{_ANY_PARENT}{name}_bias"] = (m, None)  # (H, D)
-    rules[f"{_ANY_PARENT}output_kernel"] = (m, None, None)  # (H, D_v, E_out): by head
+    # The projections are the sublayers ``query``, ``key``, ``gate``, ``value`` and
+    # ``attention_output`` (Keras' names and layout, so Keras' own MultiHeadAttention
+    # shards the same way).
+    for name in ("query", "key", "gate", "value"):
+        rules[f"{_ANY_PARENT}{name}/kernel"] = (None, m, None)  # (E, H, D): by head
+        rules[f"{_ANY_PARENT}{name}/bias"] = (m, None)  # (H, D)
+    rules[f"{_ANY_PARENT}attention_output/kernel"] = (m, None, None)  # (H, D_v, E_out)
     rules[f"{_ANY_PARENT}ffn_1/kernel"] = (None, m)  # (d_model, dff): by column
     rules[f"{_ANY_PARENT}ffn_1/bias"] = (m,)  # (dff,)
     rules[f"{_ANY_PARENT}ffn_2/kernel"] = (m, None)  # (dff, d_model): by row

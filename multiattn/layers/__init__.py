@@ -8,6 +8,7 @@ from .attention import AdditiveAttention, DotProductAttention
 from .decoder import TransformerDecoderLayer
 from .encoder import TransformerEncoderLayer
 from .feature_map import FeatureMapAttention
+from .grouped_query import GroupedQueryAttention, GroupQueryAttention
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization, RMSNormalization
 from .positional import PositionalEncoding, PositionEmbedding
@@ -18,6 +19,8 @@ __all__ = [
     "AdditiveAttention",
     "DotProductAttention",
     "FeatureMapAttention",
+    "GroupQueryAttention",
+    "GroupedQueryAttention",
     "LayerNormalization",
     "MultiHeadAttention",
     "PositionEmbedding",

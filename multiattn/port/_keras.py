@@ -50,6 +50,7 @@ def _classes(target: str) -> dict[type, str]:
         m = _ma()
         return {
             m.MultiHeadAttention: "mha",
+            m.GroupedQueryAttention: "mha",
             m.TransformerEncoderLayer: "encoder",
             m.AdditiveAttention: "additive",
         }
@@ -120,6 +121,19 @@ def settings(target: str, module: Any) -> dict:
 
 
 def _ma_mha(layer: Any) -> tuple[dict, dict]:
+    extras = {
+        "use_gate": layer.use_gate,
+        "sliding_window": layer.sliding_window,
+        "attention_axes": layer.attention_axes,
+        "output_shape": layer._output_shape if layer.output_dim is None else None,
+    }
+    if any(v not in (None, False) for v in extras.values()):
+        given = ", ".join(f"{k}={v!r}" for k, v in extras.items() if v not in (None, False))
+        raise ValueError(
+            f"multiattn.layers.{type(layer).__name__} with {given} has no neutral "
+            "equivalent (the neutral layout holds query, key, value and output projections "
+            "of (batch, sequence, features) inputs)."
+        )
     w = {f"{n}/kernel": _np(getattr(layer, f"{n}_kernel")) for n in (*_QKV, "output")}
     if layer.use_bias:
         w.update({f"{n}/bias": _np(getattr(layer, f"{n}_bias")) for n in (*_QKV, "output")})

@@ -30,17 +30,18 @@ def test_rules_cover_every_sharded_weight_once():
     import re
 
     paths = {
-        "enc/attention/query_kernel": (None, "m", None),
-        "multi_head_attention/key_kernel": (None, "m", None),
-        "value_kernel": (None, "m", None),
-        "x/attention/output_kernel": ("m", None, None),
-        "x/attention/value_bias": ("m", None),
+        "enc/attention/query/kernel": (None, "m", None),
+        "multi_head_attention/key/kernel": (None, "m", None),
+        "value/kernel": (None, "m", None),
+        "mha/gate/kernel": (None, "m", None),
+        "x/attention/attention_output/kernel": ("m", None, None),
+        "x/attention/value/bias": ("m", None),
         "enc/ffn_1/kernel": (None, "m"),
         "enc/ffn_1/bias": ("m",),
         "enc/ffn_2/kernel": ("m", None),
         "enc/ffn_2/bias": None,
         "enc/norm_1/gamma": None,
-        "x/attention/output_bias": None,
+        "x/attention/attention_output/bias": None,
         "x/my_query_kernel": None,  # not a multiattn weight name
     }
     for path, want in paths.items():
@@ -50,7 +51,7 @@ def test_rules_cover_every_sharded_weight_once():
 
 def test_layout_map_answers_for_layer_paths():
     layouts = layout_map(one_device_mesh())
-    assert tuple(layouts["transformer_encoder_layer/attention/query_kernel"].axes) == (
+    assert tuple(layouts["transformer_encoder_layer/attention/query/kernel"].axes) == (
         None,
         "model",
         None,

@@ -53,7 +53,9 @@ def numpy_weights(layer, seed=2):
         elif len(shape) == 1 or w.path.endswith("_bias"):
             value = 0.1 * rng.standard_normal(shape)
         else:
-            fan_in = shape[0] if not w.path.endswith("output_kernel") else shape[0] * shape[1]
+            fan_in = (
+                shape[0] if not w.path.endswith("attention_output/kernel") else shape[0] * shape[1]
+            )
             value = rng.standard_normal(shape) / np.sqrt(fan_in)
         out.append(value.astype("float32"))
     return out
@@ -88,7 +90,7 @@ def compare(reference, got, paths) -> dict:
     out0, gw0, gx0 = reference
     out, gw, gx = got
     scale = max(float(np.abs(np.asarray(g)).max()) for g in gw0)
-    exact_zero = [p.endswith("key_bias") for p in paths]
+    exact_zero = [p.endswith("key/bias") for p in paths]
     return {
         "forward": rel_err(out, out0),
         "grad_weights": max(rel_err(a, b) for a, b, zero in zip(gw, gw0, exact_zero) if not zero),
@@ -133,12 +135,12 @@ def compare_fit(reference, got) -> dict:
     scale = max(float(np.abs(w).max()) for w in want)
     return {
         "weights": max(
-            rel_err(a, b) for a, b, p in zip(weights, want, paths) if not p.endswith("key_bias")
+            rel_err(a, b) for a, b, p in zip(weights, want, paths) if not p.endswith("key/bias")
         ),
         "key_bias": max(
             float(np.abs(a - b).max()) / scale
             for a, b, p in zip(weights, want, paths)
-            if p.endswith("key_bias")
+            if p.endswith("key/bias")
         ),
     }
 

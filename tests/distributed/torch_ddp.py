@@ -142,7 +142,7 @@ def main() -> dict:
     weights = {n: rel_err(d, s) for n, d, s in zip(names, ranks[0], single)}
     scale = max(float(np.abs(g).max()) for g in single_grads)
     gradients = {
-        n: rel_err(d, s) if not n.endswith("key_bias") else float(np.abs(d - s).max()) / scale
+        n: rel_err(d, s) if not n.endswith("key/bias") else float(np.abs(d - s).max()) / scale
         for n, d, s in zip(names, grads, single_grads)
     }
     return {
