@@ -44,6 +44,11 @@ class Namespace(Protocol):
     #: over the queries (PyTorch's flash kernel): the core then prefers it to its blockwise
     #: path for long sequences.
     fused_attention_streams: bool = False
+    #: `fused_attention` takes fewer key/value heads than query heads (dividing them;
+    #: query head ``h`` reads key/value head ``h // (H / H_kv)``) without repeating them
+    #: in memory (PyTorch's ``enable_gqa``). False: the core repeats the key/value heads
+    #: before it calls `fused_attention`, and only then.
+    fused_attention_groups: bool = False
     #: Take `fused_attention` where `multiattn.tuning` cannot time it (symbolic tensors,
     #: ``torch.compile``).
     fused_attention_pays: bool = True
@@ -267,8 +272,9 @@ class Namespace(Protocol):
     ) -> Any:
         """The framework's fused attention on ``(batch, seq, heads, dim)`` float32 arrays
         with equal key and value widths (``mask``: bool, True = may attend, rank 4, no row
-        fully masked; ``is_causal``: top-left aligned, equal lengths only). Called only
-        when `has_fused_attention` is True."""
+        fully masked; ``is_causal``: top-left aligned, equal lengths only), as many
+        key/value heads as query heads (or fewer, dividing them, where
+        `fused_attention_groups` is True). Called only when `has_fused_attention` is True."""
         raise NotImplementedError(
             f"{type(self).__name__}.fused_attention: this namespace has no fused attention "
             "(has_fused_attention is False); the core takes its explicit path."

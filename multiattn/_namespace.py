@@ -278,6 +278,15 @@ class _TorchNamespace(KerasNamespace):
 
     fused_attention_streams = True
 
+    @property
+    def fused_attention_groups(self) -> bool:  # type: ignore[override]
+        """PyTorch's SDPA takes grouped key/value heads (``enable_gqa``) from 2.5 on; its
+        CPU flash kernel keeps them grouped."""
+        import torch
+
+        major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+        return (major, minor) >= (2, 5)
+
     def einsum(self, subscripts: str, *operands: Any) -> Any:
         """``keras.ops.einsum``, except that float64 operands go to ``torch.einsum``
         (Keras promotes float64 to float32 here)."""
@@ -351,14 +360,17 @@ class _TorchNamespace(KerasNamespace):
         """PyTorch's ``scaled_dot_product_attention`` on ``(batch, heads, seq, dim)``
         views of the inputs with the bool mask as it is: ``keras.ops.dot_product_attention``
         copies the three inputs to contiguous tensors first and turns the mask into an
-        additive float mask."""
+        additive float mask. Fewer key/value heads than query heads go to the kernel as
+        they are (``enable_gqa``)."""
         import torch
 
+        grouped = {"enable_gqa": True} if key.shape[2] != query.shape[2] else {}
         out = torch.nn.functional.scaled_dot_product_attention(
             *(t.transpose(1, 2) for t in (query, key, value)),
             attn_mask=mask,
             is_causal=is_causal,
             scale=scale,
+            **grouped,
         )
         return out.transpose(1, 2)
 

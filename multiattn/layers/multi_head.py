@@ -59,19 +59,49 @@ def _clear_keras_mask(x: Any) -> None:
             pass
 
 
-def _write(ops: Any, cache: Any, new: Any, place: Any) -> Any:
-    """``cache`` ``(B, L, H, D)`` with ``new`` ``(B, t, H, D)`` written where ``place``
-    ``(L, t)`` says (one token per written row).
+def _write(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> Any:
+    """``cache`` ``(B, L, H, D)`` with ``new`` ``(B, t, H, D)`` written at positions
+    ``index .. index + t - 1``.
 
-    Selects rather than ``slice_update``: TensorFlow has no gradient for the dynamic
-    update slice Keras lowers that to; this is differentiable on every backend, under
-    ``jax.jit``/``tf.function`` with a traced index too. One token (the decoding step) is
-    broadcast and selected, an exact copy; several tokens (a prompt) are spread by a
-    one-hot contraction, exact wherever the backend's float matmul is (reduced-precision
-    matmul modes, e.g. TF32 on GPUs, round it).
+    A known ``index`` (a Python int, checked in range) is a slice write: the cache rows
+    before and after the new tokens, and the tokens between them, joined along the
+    positions. Its cost is one copy of the cache whatever ``t``, it is an exact copy on
+    every backend, and it differentiates everywhere (TensorFlow has no gradient for the
+    dynamic update slice ``keras.ops.slice_update`` lowers to; a concatenation has one).
+    A traced ``index`` (``jax.jit`` / ``tf.function``) goes to `_write_select`.
     """
     new = ops.cast(new, cache.dtype)
-    if shape_of(new)[1] == 1:
+    if not isinstance(index, int):
+        return _write_select(ops, cache, new, index, in_range)
+    tokens, length = shape_of(new)[1], shape_of(cache)[1]
+    parts = [new]
+    if index > 0:
+        parts.insert(0, cache[:, :index])
+    if index + tokens < length:
+        parts.append(cache[:, index + tokens :])
+    return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
+
+
+def _write_select(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> Any:
+    """`_write` at an index known only as a tensor: ``new`` is placed by a select against
+    the positions, and nothing is written where ``in_range`` (a scalar bool, or None) is
+    False.
+
+    Differentiable on every backend, under ``jax.jit``/``tf.function`` too (a traced
+    index has no value to slice at). One token (the decoding step) is broadcast and
+    selected, an exact copy; several tokens (a prompt) are spread by a one-hot
+    contraction, exact wherever the backend's float matmul is (reduced-precision matmul
+    modes, e.g. TF32 on GPUs, round it), at a cost that grows with ``t`` times the cache
+    length.
+    """
+    new = ops.cast(new, cache.dtype)
+    tokens, length = shape_of(new)[1], shape_of(cache)[1]
+    # place[j, i]: cache position j receives token i (j == index + i)
+    slots = ops.arange(length, dtype="int32")[:, None]
+    place = ops.equal(slots, ops.arange(tokens, dtype="int32")[None, :] + index)
+    if in_range is not None:
+        place = ops.logical_and(place, in_range)
+    if tokens == 1:
         spread = new  # broadcasts over the cache positions
     else:
         spread = ops.einsum("lt,bthd->blhd", ops.cast(place, cache.dtype), new)
@@ -1068,13 +1098,8 @@ class MultiHeadAttention(keras.layers.Layer):
         gate = self._gate(ops, query)
         q, k, v = self._project_self(ops, query)
         q, k = self._rotate(q, k, cache_index, cache_index)
-        # place[j, i]: cache position j receives token i (j == index + i)
-        slots = ops.arange(max_length, dtype="int32")[:, None]
-        place = ops.equal(slots, ops.arange(tokens, dtype="int32")[None, :] + index)
-        if in_range is not None:
-            place = ops.logical_and(place, in_range)
-        k_cache = _write(ops, k_cache, k, place)
-        v_cache = _write(ops, v_cache, v, place)
+        k_cache = _write(ops, k_cache, k, index, in_range)
+        v_cache = _write(ops, v_cache, v, index, in_range)
         # Query i (position index + i) sees the cached positions j <= index + i.
         positions = ops.expand_dims(ops.arange(tokens, dtype="int32") + index, 1)
         keep = ops.less_equal(ops.arange(max_length, dtype="int32")[None, :], positions)
@@ -1126,7 +1151,7 @@ class MultiHeadAttention(keras.layers.Layer):
         where = self._WHERE
         if not (hasattr(query, "shape") and hasattr(query, "dtype")):
             raise TypeError(f"{where}: `query` must be a tensor; received {describe(query)}.")
-        ops = get_ops(query)
+        ops = get_ops(query, value, key, names=("query", "value", "key"), where=where)
         e_q = self._widths[0]
         self._check_input(where, "query", query, e_q, self._rank)
         return_weights = check_flag(where, "return_weights", return_weights, ops)

@@ -20,6 +20,10 @@ from ..ops.rotary import _check_base, apply_rotary, compute_dtype, rotary_angles
 
 __all__ = ["RotaryEmbedding", "check_offset", "table_rows"]
 
+#: The most angles (positions x dim/2) a `RotaryEmbedding` keeps as a tensor table per
+#: dtype: 2**20, 4 MiB in float32 (2048 positions of 128-wide heads take an eighth).
+TABLE_ENTRIES = 2**20
+
 
 def check_offset(
     where: str,
@@ -93,9 +97,11 @@ class RotaryEmbedding(keras.layers.Layer):
         offset: position of the first token: an int, a NumPy integer or an integer
             scalar tensor. A known value (eager tensors included) must satisfy
             ``0 <= offset`` and ``offset + seq <= max_length`` (``ValueError``
-            otherwise); only the ``seq`` rows of angles needed are computed. A traced
-            offset (``jax.jit`` / ``tf.function``, e.g. the cache index of a compiled
-            decoding step) reads rows of a ``(max_length, dim/2)`` table computed once;
+            otherwise); its rows are sliced from cos/sin tables converted to tensors
+            once per backend and dtype (up to `TABLE_ENTRIES` angles; rows past them are
+            computed for the call alone, so a huge offset costs what a small one does).
+            A traced offset (``jax.jit`` / ``tf.function``, e.g. the cache index of a
+            compiled decoding step) reads rows of a ``(max_length, dim/2)`` table;
             positions outside ``[0, max_length)`` cannot raise there and come out as NaN
             (never as the rotation of a clamped position).
 
@@ -109,6 +115,8 @@ class RotaryEmbedding(keras.layers.Layer):
         self.max_length = check_positive_int(where, "max_length", max_length)
         self.base = _check_base(where, base)
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # (framework, dim, dtype) -> cos/sin tensors of positions 0 .. rows - 1, made once
+        self._tensor_tables: dict[tuple[str, int, str], tuple[Any, Any]] = {}
 
     def _check_x(self, shape: tuple) -> None:
         where = "RotaryEmbedding"
@@ -129,6 +137,32 @@ class RotaryEmbedding(keras.layers.Layer):
             self._tables[dim] = rotary_table(self.max_length, dim, self.base)
         return self._tables[dim]
 
+    def _table_rows(self, dim: int) -> int:
+        """How many positions the tensor tables of ``dim`` cover: all ``max_length``, or
+        as many as `TABLE_ENTRIES` angles hold (positions past them are computed per
+        call, as an offset of 10**8 needs)."""
+        return min(self.max_length, max(1, TABLE_ENTRIES // (dim // 2)))
+
+    def _tensor_table(self, ops: Any, dim: int, wide: str) -> tuple[Any, Any] | None:
+        """The cos/sin tables of positions ``0 .. _table_rows(dim) - 1`` as tensors of
+        ``ops`` in ``wide``, converted on first use and kept: a decoding step slices them
+        instead of converting angles. None where the conversion gives symbolic tensors
+        (first use inside ``jax.jit`` / ``tf.function``), which must not outlive their
+        trace."""
+        key = (ops.backend, dim, wide)
+        tables = self._tensor_tables.get(key)
+        if tables is None:
+            rows = self._table_rows(dim)
+            if rows == self.max_length:
+                source = self._table(dim)
+            else:
+                source = rotary_angles(np.arange(rows), dim, self.base)
+            tables = tuple(ops.convert_to_tensor(t.astype(wide), dtype=wide) for t in source)
+            if any(ops.is_symbolic(t) for t in tables):
+                return None
+            self._tensor_tables[key] = tables
+        return tables
+
     def call(self, x, offset=0):
         where = "RotaryEmbedding"
         ops = get_ops(x)
@@ -146,19 +180,23 @@ class RotaryEmbedding(keras.layers.Layer):
         dtype = self.compute_dtype
         wide = compute_dtype(dtype)
         if isinstance(offset, int):
-            tables = rotary_angles(offset + np.arange(length), dim, self.base)
-            cos, sin = (ops.convert_to_tensor(t.astype(wide), dtype=wide) for t in tables)
+            tables = None
+            if offset + length <= self._table_rows(dim):
+                tables = self._tensor_table(ops, dim, wide)
+            if tables is not None:
+                cos, sin = (t[offset : offset + length] for t in tables)
+            else:
+                angles = rotary_angles(offset + np.arange(length), dim, self.base)
+                cos, sin = (ops.convert_to_tensor(t.astype(wide), dtype=wide) for t in angles)
         else:
-            cos, sin = (
-                table_rows(
-                    ops,
-                    ops.convert_to_tensor(t.astype(wide), dtype=wide),
-                    offset,
-                    length,
-                    self.max_length,
+            tables = None
+            if self._table_rows(dim) == self.max_length:
+                tables = self._tensor_table(ops, dim, wide)
+            if tables is None:
+                tables = (
+                    ops.convert_to_tensor(t.astype(wide), dtype=wide) for t in self._table(dim)
                 )
-                for t in self._table(dim)
-            )
+            cos, sin = (table_rows(ops, t, offset, length, self.max_length) for t in tables)
         return apply_rotary(ops, ops.cast(x, dtype), cos, sin)
 
     def compute_output_shape(self, input_shape):

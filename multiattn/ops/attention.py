@@ -17,10 +17,12 @@ All give the same result, fully masked rows included: such rows are all-zero wei
 and a zero output.
 
 Grouped-query attention (fewer key/value heads than query heads, multi-query attention
-with one) is handled once, in `attend`: each key/value head is repeated for the query
-heads of its group before any path runs, so every path (the fused kernel included, which
-on some backends rejects a single key/value head) sees as many key/value heads as query
-heads.
+with one) keeps the key/value heads grouped: the explicit path contracts the queries of
+each group, ``(B, H_kv, G * Tq, D)``, with their one key/value head ``(B, H_kv, Tk, D)``,
+and PyTorch's fused kernel takes the groups itself (``enable_gqa``), so the key/value
+heads are never repeated in memory there. They are repeated (`repeat_kv_heads`) only for
+a fused kernel that cannot take groups (on some backends it rejects a single key/value
+head) and for the blockwise path.
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ def repeat_kv_heads(ops: Any, x: Any, groups: int) -> Any:
     dims = [s if s is not None else dyn[i] for i, s in enumerate(static)]
     x = ops.broadcast_to(ops.expand_dims(x, 3), (dims[0], dims[1], dims[2], groups, dims[3]))
     return ops.reshape(x, (dims[0], dims[1], dims[2] * groups, dims[3]))
+
+
+def _size(ops: Any, x: Any, axis: int) -> Any:
+    """The size of axis ``axis`` of ``x``: an int, or a scalar tensor under a trace."""
+    size = shape_of(x)[axis]
+    return size if size is not None else ops.shape(x)[axis]
 
 
 def attend(
@@ -125,8 +133,6 @@ def attend(
                 f"attention: the key/value heads ({kv_heads}) must divide the query heads "
                 f"({heads})."
             )
-        key = repeat_kv_heads(ops, key, heads // kv_heads)
-        value = repeat_kv_heads(ops, value, heads // kv_heads)
     use_dropout = dropout > 0.0 and bool(training)
     if keep is not None:
         for _ in range(4 - len(shape_of(keep))):
@@ -173,11 +179,12 @@ def attend(
         )
     weights = None
     if blocks is not None:
+        groups = heads // kv_heads
         out = blockwise_grad.attention(
             ops,
             query,
-            key,
-            value,
+            repeat_kv_heads(ops, key, groups),
+            repeat_kv_heads(ops, value, groups),
             keep=keep,
             valid_lens=valid_lens,
             causal=causal,
@@ -242,7 +249,7 @@ def _poison_rows(
     ops: Any, results: tuple, inputs: tuple, keep: Any, lens: Any, causal: bool, sizes: tuple
 ) -> tuple:
     """The results of attention computed on `_replace_non_finite` of ``inputs`` (query,
-    key, value ``(B, T, H, D)``, as many key/value heads as query heads), with NaN on the
+    key, value ``(B, T, H, D)``, the key/value heads possibly grouped), with NaN on the
     rows that may attend a position (key or value) holding a NaN or an infinity, or whose
     own query holds one and that may attend anything. ``results`` is ``(out,)`` (``(B,
     Tq, H, Dv)``) or ``(out, weights)`` (``(B, H, Tq, Tk)``); the weights get NaN on the
@@ -254,10 +261,14 @@ def _poison_rows(
     entries and the NaN rows pass no gradient).
     """
 
-    def bad_rows(t: Any) -> Any:  # (B, T, H, D) -> (B, H, T): the row holds a non-finite entry
-        return ops.transpose(ops.any(ops.logical_not(ops.isfinite(t)), axis=-1), (0, 2, 1))
-
     query, key, value = inputs
+    heads = shape_of(query)[2]
+
+    def bad_rows(t: Any) -> Any:  # (B, T, H|H_kv, D) -> (B, H, T): the row holds a non-finite entry
+        bad = ops.any(ops.logical_not(ops.isfinite(t)), axis=-1, keepdims=True)
+        bad = repeat_kv_heads(ops, bad, heads // shape_of(t)[2])  # grouped heads: a bool each
+        return ops.transpose(bad[..., 0], (0, 2, 1))
+
     poisoned = ops.expand_dims(bad_rows(query), 3)  # (B, H, Tq, 1)
     attends_any = _rows_attending(ops, keep, lens, causal, sizes, None)
     if attends_any is not None:
@@ -374,6 +385,9 @@ def _direct_attention(
     if is_causal and not fused:
         raise AssertionError("is_causal is only for the fused path")  # internal misuse
     if fused:
+        if not ops.fused_attention_groups:
+            groups = shape_of(query)[2] // shape_of(key)[2]
+            key, value = (repeat_kv_heads(ops, t, groups) for t in (key, value))
         if keep is None:
             out = ops.fused_attention(query, key, value, None, scale, is_causal=is_causal)
         else:
@@ -409,14 +423,30 @@ def _explicit_attention(
     ``(B, Tq, H, Dv)`` rather than in the weights (a select over the outputs instead of
     one over the score matrix): the weights of the other rows are exactly those of
     `multiattn.ops.masking.softmax_where` either way.
+
+    With grouped key/value heads (``H_kv`` dividing ``H``, ``G = H / H_kv``) the queries
+    of a group are stacked, ``(B, H_kv, G * Tq, D)``, and contracted with the group's
+    key/value head ``(B, H_kv, Tk, D)``: no key or value is repeated, and the scores and
+    weights come out ``(B, H, Tq, Tk)`` as without groups.
     """
     q = ops.transpose(query * scale, (0, 2, 1, 3))
     k = ops.transpose(key, (0, 2, 1, 3))
     v = ops.transpose(value, (0, 2, 1, 3))
-    scores = ops.einsum("bhqd,bhkd->bhqk", q, k)
+    heads, kv_heads = shape_of(q)[1], shape_of(k)[1]
+    if heads == kv_heads:
+        scores = ops.einsum("bhqd,bhkd->bhqk", q, k)
+    else:
+        b, tq, tk = (_size(ops, t, axis) for t, axis in ((q, 0), (q, 2), (k, 2)))
+        q = ops.reshape(q, (b, kv_heads, (heads // kv_heads) * tq, shape_of(q)[3]))
+        scores = ops.reshape(ops.einsum("bhqd,bhkd->bhqk", q, k), (b, heads, tq, tk))
     weights = softmax_where(ops, scores, keep, zero_empty_rows=return_weights)
     mixed = _apply_dropout(ops, weights, dropout, training, seed)
-    out = ops.transpose(ops.einsum("bhqk,bhkd->bhqd", mixed, v), (0, 2, 1, 3))
+    if heads == kv_heads:
+        out = ops.einsum("bhqk,bhkd->bhqd", mixed, v)
+    else:
+        mixed = ops.reshape(mixed, (b, kv_heads, (heads // kv_heads) * tq, tk))
+        out = ops.reshape(ops.einsum("bhqk,bhkd->bhqd", mixed, v), (b, heads, tq, shape_of(v)[3]))
+    out = ops.transpose(out, (0, 2, 1, 3))
     if return_weights:
         return out, weights
     if keep is not None:

@@ -728,3 +728,84 @@ def test_rotary_layer_concrete_offset_builds_no_table():
     assert peak < 2**20, f"peak NumPy/Python memory {peak} bytes"
     want = ref.rotary_embedding(x.transpose(0, 2, 1, 3), 10**8 - 4 + np.arange(4))
     assert_close(got, want.transpose(0, 2, 1, 3), "float32")
+
+
+def test_rotary_layer_slices_tensor_tables_made_once(monkeypatch):
+    """A known offset slices cos/sin tensors converted once per dtype (no conversion per
+    call); the rows equal the ones computed directly, bit for bit, at every offset."""
+    import multiattn.layers.rotary as rotary_layer
+
+    layer = layers.RotaryEmbedding(40)
+    x = cast(rounded(RNG.standard_normal((2, 3, 2, 8)), "float32"), "float32")
+    first = to_np(layer(x, offset=5))
+    assert len(layer._tensor_tables) == 1
+
+    def no_angles(*args, **kwargs):
+        raise AssertionError("RotaryEmbedding computed angles again")
+
+    monkeypatch.setattr(rotary_layer, "rotary_angles", no_angles)
+    for offset in (0, 5, 37):
+        got = to_np(layer(x, offset=offset))
+        want = to_np(ops.rotary_embedding(x, offset=offset))
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(to_np(layer(x, offset=5)), first)
+
+
+def test_cache_slice_write_equals_the_select_write(monkeypatch):
+    """A known index writes the new tokens by slices, never by the one-hot contraction,
+    with the very bits the select write gives; the cache's gradients stay those of the
+    full pass (test_cache_step_by_step_equals_full_causal_pass, conformance cache_*)."""
+    import multiattn.layers.multi_head as mh
+
+    ns = get_ops(cast(np.zeros(1), "float32"))
+    cache = cast(rounded(RNG.standard_normal((2, 7, 2, 3)), "float32"), "float32")
+    for index, tokens in ((0, 1), (0, 4), (3, 2), (6, 1), (0, 7), (2, 5)):
+        new = cast(rounded(RNG.standard_normal((2, tokens, 2, 3)), "float32"), "float32")
+        want = to_np(mh._write_select(ns, cache, new, ns.convert_to_tensor(index)))
+        np.testing.assert_array_equal(to_np(mh._write(ns, cache, new, index)), want)
+
+    def no_select(*args, **kwargs):
+        raise AssertionError("a known cache index went through the select write")
+
+    monkeypatch.setattr(mh, "_write_select", no_select)
+    layer = layers.MultiHeadAttention(num_heads=2, key_dim=4, num_key_value_heads=1)
+    x = cast(rounded(RNG.standard_normal((1, 5, 8)), "float32"), "float32")
+    cache = layer.init_cache(1, 8)
+    out, cache = layer(x[:, :3], cache=cache, cache_index=0)
+    out, cache = layer(x[:, 3:], cache=cache, cache_index=np.int64(3))
+    assert tuple(out.shape) == (1, 2, 8)
+
+
+@pytest.mark.parametrize("weights", [True, False])
+def test_grouped_query_attention_repeats_no_key_value_heads(monkeypatch, weights):
+    """The explicit path (and PyTorch's fused kernel, ``enable_gqa``) contract each group
+    of queries with its key/value head: `repeat_kv_heads` is not called; the result is
+    the oracle's with the heads repeated."""
+    import multiattn.ops.attention as attention
+
+    b, tq, tk, h, hkv, d = 2, 3, 5, 6, 2, 4
+    q = RNG.standard_normal((b, tq, h, d))
+    k, v = RNG.standard_normal((b, tk, hkv, d)), RNG.standard_normal((b, tk, hkv, d))
+    keep = np.tril(np.ones((tq, tk), bool), tk - tq)
+    args = [cast(x, "float32") for x in (q, k, v)]
+    ns = get_ops(args[0])
+    if not weights and ns.has_fused_attention and not ns.fused_attention_groups:
+        pytest.skip(
+            f"{BACKEND}'s fused kernel takes no grouped heads: where taken, they are repeated"
+        )
+    real = attention.repeat_kv_heads
+
+    def no_repeat(ops, x, groups):
+        if groups != 1:
+            raise AssertionError("the key/value heads were repeated")
+        return real(ops, x, groups)
+
+    monkeypatch.setattr(attention, "repeat_kv_heads", no_repeat)
+    got = attend(ns, *args, keep=cast(keep, "bool"), scale=0.5, return_weights=weights)
+    got = got[0] if weights else got
+    qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    g = h // hkv
+    want, _ = ref.scaled_dot_product_attention(
+        qh, np.repeat(kh, g, 1), np.repeat(vh, g, 1), mask=keep, scale=0.5
+    )
+    assert_close(got, want.transpose(0, 2, 1, 3), "float32")
