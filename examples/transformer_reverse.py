@@ -86,14 +86,22 @@ def make_data(rng: np.random.Generator, n: int, exclude: set | None = None):
 
 
 def build_model(keras, layers):
-    """The encoder-decoder as a functional model, and its parts (for greedy decoding)."""
+    """The encoder-decoder as a functional model, and its parts (for greedy decoding).
+
+    The blocks' kernels start as Glorot-uniform scaled down tenfold in variance: with
+    Keras' plain ``glorot_uniform`` (the layers' default, as in Keras) this small post-norm
+    model needs about twice the steps to reach the same accuracy.
+    """
+    init = keras.initializers.VarianceScaling(0.1, "fan_avg", "uniform")
     parts = {
         "src_embed": keras.layers.Embedding(VOCAB, D_MODEL, name="src_embed"),
         "tgt_embed": keras.layers.Embedding(VOCAB, D_MODEL, name="tgt_embed"),
         "src_pos": layers.PositionEmbedding(SRC_LEN, name="src_pos"),
         "tgt_pos": layers.PositionEmbedding(TGT_LEN, name="tgt_pos"),
         "encoders": [
-            layers.TransformerEncoderLayer(D_MODEL, HEADS, DFF, rate=0.0, name=f"encoder_{i}")
+            layers.TransformerEncoderLayer(
+                D_MODEL, HEADS, DFF, rate=0.0, name=f"encoder_{i}", kernel_initializer=init
+            )
             for i in range(LAYERS)
         ],
         "decoders": [
@@ -104,6 +112,7 @@ def build_model(keras, layers):
                 rate=0.0,
                 num_key_value_heads=KV_HEADS,
                 rotary_max_length=TGT_LEN,
+                kernel_initializer=init,
                 name=f"decoder_{i}",
             )
             for i in range(LAYERS)

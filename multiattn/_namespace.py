@@ -287,6 +287,14 @@ class _TorchNamespace(KerasNamespace):
         major, minor = (int(p) for p in torch.__version__.split(".")[:2])
         return (major, minor) >= (2, 5)
 
+    def is_symbolic(self, x: Any) -> bool:
+        """`KerasNamespace.is_symbolic`, and also True for tensors on PyTorch's ``meta``
+        device: Keras' torch backend infers output shapes by running a layer's ``call``
+        on them, and they hold no values (anything made from one must not be kept)."""
+        if getattr(getattr(x, "device", None), "type", None) == "meta":
+            return True
+        return super().is_symbolic(x)
+
     def einsum(self, subscripts: str, *operands: Any) -> Any:
         """``keras.ops.einsum``, except that float64 operands go to ``torch.einsum``
         (Keras promotes float64 to float32 here)."""

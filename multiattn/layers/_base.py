@@ -65,6 +65,31 @@ def get_initializer(where: str, name: str, value: Any) -> Any:
         raise ValueError(f"{where}: unknown `{name}` {describe(value)}.") from err
 
 
+def fresh_initializer(init: Any) -> Any:
+    """A new initializer object with the configuration of ``init``: each sublayer needs
+    its own, since a seeded initializer object gives every weight it makes the same
+    values."""
+    return init.__class__.from_config(init.get_config())
+
+
+def block_initializers(where: str, kernel_initializer: Any, bias_initializer: Any) -> tuple:
+    """The ``kernel_initializer`` and ``bias_initializer`` of a Transformer block,
+    validated (errors name the argument)."""
+    return (
+        get_initializer(where, "kernel_initializer", kernel_initializer),
+        get_initializer(where, "bias_initializer", bias_initializer),
+    )
+
+
+def sublayer_initializers(layer: Any) -> dict:
+    """Fresh copies of ``layer.kernel_initializer`` and ``layer.bias_initializer``, as
+    keyword arguments of one sublayer."""
+    return {
+        "kernel_initializer": fresh_initializer(layer.kernel_initializer),
+        "bias_initializer": fresh_initializer(layer.bias_initializer),
+    }
+
+
 def as_mask(where: str, name: str, mask: Any) -> Any:
     """A mask given as a tensor or an array, unchanged; a nested Python list as a NumPy
     array. Ragged lists and non-numeric values raise naming ``name``."""

@@ -9,7 +9,15 @@ import keras
 from .._checks import broadcast_shape, check_flag, check_float, check_rank, shape_of
 from .._namespace import get_ops
 from ..ops.masking import check_valid_lens
-from ._base import as_mask, check_block_args, check_input_width, check_layer_seed, static_width
+from ._base import (
+    as_mask,
+    block_initializers,
+    check_block_args,
+    check_input_width,
+    check_layer_seed,
+    static_width,
+    sublayer_initializers,
+)
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization
 
@@ -51,6 +59,9 @@ class TransformerDecoderLayer(keras.layers.Layer):
         rotary_max_length: rotary position embedding in the self-attention, for positions
             up to this many; None (default): none.
         seed: int seed for the dropout layers.
+        kernel_initializer, bias_initializer: Keras initializers (names, objects or
+            configs) of the attention projections and the feed-forward layers; each
+            sublayer gets its own copy. Defaults: Keras' ``glorot_uniform`` and ``zeros``.
 
     Call arguments:
         x: ``(batch, target_len, d_model)``, the target tokens (embedded), floating
@@ -90,6 +101,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
         num_key_value_heads: int | None = None,
         rotary_max_length: int | None = None,
         seed: int | None = None,
+        kernel_initializer: Any = "glorot_uniform",
+        bias_initializer: Any = "zeros",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -114,6 +127,9 @@ class TransformerDecoderLayer(keras.layers.Layer):
         self.num_key_value_heads = num_key_value_heads
         self.rotary_max_length = rotary_max_length
         self.seed = seed = check_layer_seed("TransformerDecoderLayer", seed)
+        self.kernel_initializer, self.bias_initializer = block_initializers(
+            "TransformerDecoderLayer", kernel_initializer, bias_initializer
+        )
         self.supports_masking = True
         dtype = self.dtype_policy
         key_dim = self.d_model // self.num_heads
@@ -124,6 +140,7 @@ class TransformerDecoderLayer(keras.layers.Layer):
             rotary_max_length=rotary_max_length,
             name="self_attention",
             dtype=dtype,
+            **sublayer_initializers(self),
         )
         self.cross_attention = MultiHeadAttention(
             self.num_heads,
@@ -131,6 +148,7 @@ class TransformerDecoderLayer(keras.layers.Layer):
             num_key_value_heads=num_key_value_heads,
             name="cross_attention",
             dtype=dtype,
+            **sublayer_initializers(self),
         )
         self.ffn_1 = keras.layers.EinsumDense(
             "btd,df->btf",
@@ -139,9 +157,15 @@ class TransformerDecoderLayer(keras.layers.Layer):
             activation=activation,
             name="ffn_1",
             dtype=dtype,
+            **sublayer_initializers(self),
         )
         self.ffn_2 = keras.layers.EinsumDense(
-            "btf,fd->btd", (None, d_model), bias_axes="d", name="ffn_2", dtype=dtype
+            "btf,fd->btd",
+            (None, d_model),
+            bias_axes="d",
+            name="ffn_2",
+            dtype=dtype,
+            **sublayer_initializers(self),
         )
         self.norm_1 = LayerNormalization(epsilon=self.epsilon, name="norm_1", dtype=dtype)
         self.norm_2 = LayerNormalization(epsilon=self.epsilon, name="norm_2", dtype=dtype)
@@ -287,6 +311,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
             "num_key_value_heads": self.num_key_value_heads,
             "rotary_max_length": self.rotary_max_length,
             "seed": self.seed,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
         }
 
 

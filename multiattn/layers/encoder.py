@@ -8,7 +8,15 @@ import keras
 
 from .._checks import broadcast_shape, check_flag, check_float, check_rank, shape_of
 from .._namespace import get_ops
-from ._base import as_mask, check_block_args, check_input_width, check_layer_seed, static_width
+from ._base import (
+    as_mask,
+    block_initializers,
+    check_block_args,
+    check_input_width,
+    check_layer_seed,
+    static_width,
+    sublayer_initializers,
+)
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization
 
@@ -43,6 +51,9 @@ class TransformerEncoderLayer(keras.layers.Layer):
         epsilon: LayerNormalization epsilon.
         activation: activation of the first feed-forward layer.
         seed: int seed for the dropout layers.
+        kernel_initializer, bias_initializer: Keras initializers (names, objects or
+            configs) of the attention projections and the feed-forward layers; each
+            sublayer gets its own copy. Defaults: Keras' ``glorot_uniform`` and ``zeros``.
 
     Call arguments:
         x: ``(batch, seq, d_model)``, floating (integer, bool and complex inputs raise
@@ -69,6 +80,8 @@ class TransformerEncoderLayer(keras.layers.Layer):
         epsilon: float = 1e-6,
         activation: str = "relu",
         seed: int | None = None,
+        kernel_initializer: Any = "glorot_uniform",
+        bias_initializer: Any = "zeros",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -91,10 +104,17 @@ class TransformerEncoderLayer(keras.layers.Layer):
             activation,
         )
         self.seed = seed = check_layer_seed("TransformerEncoderLayer", seed)
+        self.kernel_initializer, self.bias_initializer = block_initializers(
+            "TransformerEncoderLayer", kernel_initializer, bias_initializer
+        )
         self.supports_masking = True
         dtype = self.dtype_policy
         self.attention = MultiHeadAttention(
-            self.num_heads, self.d_model // self.num_heads, name="attention", dtype=dtype
+            self.num_heads,
+            self.d_model // self.num_heads,
+            name="attention",
+            dtype=dtype,
+            **sublayer_initializers(self),
         )
         # EinsumDense rather than Dense: Keras' matmul computes float64 in float32 on the
         # torch backend, its einsum does not.
@@ -105,9 +125,15 @@ class TransformerEncoderLayer(keras.layers.Layer):
             activation=activation,
             name="ffn_1",
             dtype=dtype,
+            **sublayer_initializers(self),
         )
         self.ffn_2 = keras.layers.EinsumDense(
-            "btf,fd->btd", (None, d_model), bias_axes="d", name="ffn_2", dtype=dtype
+            "btf,fd->btd",
+            (None, d_model),
+            bias_axes="d",
+            name="ffn_2",
+            dtype=dtype,
+            **sublayer_initializers(self),
         )
         self.norm_1 = LayerNormalization(epsilon=self.epsilon, name="norm_1", dtype=dtype)
         self.norm_2 = LayerNormalization(epsilon=self.epsilon, name="norm_2", dtype=dtype)
@@ -181,4 +207,6 @@ class TransformerEncoderLayer(keras.layers.Layer):
             "epsilon": self.epsilon,
             "activation": self.activation,
             "seed": self.seed,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
         }

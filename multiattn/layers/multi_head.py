@@ -25,7 +25,13 @@ from .._namespace import get_ops
 from ..ops.attention import attend
 from ..ops.blockwise import block_keep, lens_rank4, split_masks
 from ..ops.rotary import _check_base
-from ._base import as_mask, check_layer_seed, get_initializer, seed_generator
+from ._base import (
+    as_mask,
+    check_layer_seed,
+    fresh_initializer,
+    get_initializer,
+    seed_generator,
+)
 from .rotary import RotaryEmbedding, check_offset
 
 __all__ = ["MultiHeadAttention"]
@@ -573,14 +579,9 @@ class MultiHeadAttention(keras.layers.Layer):
     # -- building --------------------------------------------------------------------------
 
     def _sublayer_kwargs(self) -> dict:
-        # Fresh initializer objects per sublayer: a seeded initializer instance would
-        # give every kernel the same values.
-        def fresh(init: Any) -> Any:
-            return init.__class__.from_config(init.get_config())
-
         return dict(
-            kernel_initializer=fresh(self.kernel_initializer),
-            bias_initializer=fresh(self.bias_initializer),
+            kernel_initializer=fresh_initializer(self.kernel_initializer),
+            bias_initializer=fresh_initializer(self.bias_initializer),
             kernel_regularizer=self.kernel_regularizer,
             bias_regularizer=self.bias_regularizer,
             activity_regularizer=self.sublayer_activity_regularizer,

@@ -751,6 +751,36 @@ def test_rotary_layer_slices_tensor_tables_made_once(monkeypatch):
     np.testing.assert_array_equal(to_np(layer(x, offset=5)), first)
 
 
+def test_rotary_tables_kept_after_a_symbolic_build_hold_values():
+    """A layer first called on symbolic inputs (a functional model; on torch Keras runs the
+    call on ``meta``-device tensors, which hold no values) keeps no table from that call:
+    the model then computes the oracle's rotation eagerly, and trains to finite numbers
+    (a kept meta table once gave NaN losses)."""
+    layer = layers.RotaryEmbedding(12)
+    inputs = keras.Input((4, 2, 8))
+    model = keras.Model(inputs, layer(inputs, offset=3))
+    assert all(
+        not get_ops(t).is_symbolic(t) for pair in layer._tensor_tables.values() for t in pair
+    )
+    x = rounded(RNG.standard_normal((2, 4, 2, 8)), "float32")
+    want = ref.rotary_embedding(x.transpose(0, 2, 1, 3), 3 + np.arange(4), 10000.0)
+    assert_close(model(cast(x, "float32")), want.transpose(0, 2, 1, 3), "float32")
+    assert_close(layer(cast(x, "float32"), offset=3), want.transpose(0, 2, 1, 3), "float32")
+
+
+def test_decoder_with_rotary_trains_to_finite_losses():
+    """A functional decoder with rotary self-attention, built symbolically and then
+    trained a few steps by ``fit``, keeps finite losses and weights."""
+    inputs = keras.Input((6, 16))
+    block = layers.TransformerDecoderLayer(16, 2, 32, rate=0.0, rotary_max_length=6)
+    model = keras.Model(inputs, block(inputs, inputs))
+    model.compile(optimizer="adam", loss="mse")
+    x = rounded(RNG.standard_normal((8, 6, 16)), "float32")
+    history = model.fit(x, x, batch_size=4, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all(), history.history
+    assert all(np.isfinite(to_np(w)).all() for w in model.weights)
+
+
 def test_cache_slice_write_equals_the_select_write(monkeypatch):
     """A known index writes the new tokens by slices, never by the one-hot contraction,
     with the very bits the select write gives; the cache's gradients stay those of the
