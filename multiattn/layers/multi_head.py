@@ -299,6 +299,17 @@ def _keras_rule(
     return keep
 
 
+def _skip_one_load(layer: Any) -> Any:
+    """A stand-in for ``layer.load_own_variables`` that ignores one call (the sublayer's
+    absent entry in a file of the flat layout, already loaded by its parent) and then
+    removes itself."""
+
+    def skip(store: Any) -> None:
+        del layer.load_own_variables
+
+    return skip
+
+
 @keras.saving.register_keras_serializable(package="multiattn")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention (self- and cross-attention), a drop-in for
@@ -1050,6 +1061,35 @@ class MultiHeadAttention(keras.layers.Layer):
                 )
         return k, v
 
+    def _attend_cache(self, ops, q, k_cache, v_cache, index, tokens, return_weights, training):
+        """``(heads, weights or None)`` of the queries at positions ``index .. index +
+        tokens - 1`` over the cache, query ``i`` seeing the positions ``j <= index + i``.
+
+        A known ``index`` attends over the filled prefix alone (``index + tokens`` keys,
+        causal bottom-right), so a step costs in proportion to the positions written, not
+        to the cache length; its weights are padded with the zeros of the unwritten
+        slots. A traced ``index`` attends over every slot with a mask."""
+        dtype = self.compute_dtype
+        max_length = shape_of(k_cache)[1]
+        if isinstance(index, int):
+            filled = index + tokens
+            keys, values = (ops.cast(c[:, :filled], dtype) for c in (k_cache, v_cache))
+            result = self._attend(ops, q, keys, values, None, None, True, return_weights, training)
+            if not return_weights:
+                return result, None
+            heads, weights = result
+            if filled < max_length:
+                pad = ops.zeros_like(weights[..., :1])
+                pad = ops.broadcast_to(pad, (*shape_of(weights)[:-1], max_length - filled))
+                weights = ops.concatenate([weights, pad], axis=-1)
+            return heads, weights
+        positions = ops.expand_dims(ops.arange(tokens, dtype="int32") + index, 1)
+        keep = ops.less_equal(ops.arange(max_length, dtype="int32")[None, :], positions)
+        keep = ops.expand_dims(ops.expand_dims(keep, 0), 0)  # (1, 1, t, max_length)
+        keys, values = ops.cast(k_cache, dtype), ops.cast(v_cache, dtype)
+        result = self._attend(ops, q, keys, values, keep, None, False, return_weights, training)
+        return result if return_weights else (result, None)
+
     def _cached_call(self, ops, query, cache, cache_index, return_weights, training):
         """Incremental causal self-attention through a fixed-size cache (see ``call``)."""
         where = self._WHERE
@@ -1101,23 +1141,9 @@ class MultiHeadAttention(keras.layers.Layer):
         q, k = self._rotate(q, k, cache_index, cache_index)
         k_cache = _write(ops, k_cache, k, index, in_range)
         v_cache = _write(ops, v_cache, v, index, in_range)
-        # Query i (position index + i) sees the cached positions j <= index + i.
-        positions = ops.expand_dims(ops.arange(tokens, dtype="int32") + index, 1)
-        keep = ops.less_equal(ops.arange(max_length, dtype="int32")[None, :], positions)
-        keep = ops.expand_dims(ops.expand_dims(keep, 0), 0)  # (1, 1, t, max_length)
-        dtype = self.compute_dtype
-        result = self._attend(
-            ops,
-            q,
-            ops.cast(k_cache, dtype),
-            ops.cast(v_cache, dtype),
-            keep,
-            None,
-            False,
-            return_weights,
-            training,
+        heads, weights = self._attend_cache(
+            ops, q, k_cache, v_cache, index, tokens, return_weights, training
         )
-        heads, weights = result if return_weights else (result, None)
         out = self._output(ops, heads, gate)
         if in_range is not None:
             out = ops.where(in_range, out, float("nan"))
@@ -1411,6 +1437,26 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def compute_mask(self, inputs, mask=None):
         return _keras_mask_of(inputs)  # the query's sequence mask, if any
+
+    def load_own_variables(self, store):
+        """Keras' loading of this layer's own variables. The layer has none (the weights
+        live in the sublayers), but files written by multiattn before the projections
+        moved into sublayers hold them as the layer's own ``vars/0 ..`` (the four
+        kernels, then the four biases): such files load too, into the sublayers."""
+        if self._trainable_variables or self._non_trainable_variables or not len(store.keys()):
+            return super().load_own_variables(store)
+        dense = (self._query_dense, self._key_dense, self._value_dense, self._output_dense)
+        targets = [d.kernel for d in dense] + [d.bias for d in dense if d.bias is not None]
+        if len(store.keys()) != len(targets):
+            raise ValueError(
+                f"{self._WHERE} {self.name!r}: the weights file holds {len(store.keys())} "
+                f"variables of the layer itself; a file of the layout before the "
+                f"projections moved into sublayers would hold {len(targets)} here."
+            )
+        for i, variable in enumerate(targets):
+            variable.assign(store[str(i)])
+        for layer in dense:  # their own entries are absent from such a file: skip once
+            layer.load_own_variables = _skip_one_load(layer)
 
     def get_config(self) -> dict:
         serialize = keras.saving.serialize_keras_object

@@ -696,33 +696,49 @@ _MHA_ORDER = ("query", "key", "value", "output")
 
 
 def _h5_table(layout: str, kind: str, use_bias: bool) -> dict[str, str]:
-    """neutral name -> h5 dataset path, for the two Keras layouts."""
-    if layout == "keras-mha":
-        if kind != "mha":
-            raise PortError(f"keras-mha files hold keras.layers.MultiHeadAttention, not {kind}.")
-        table = {}
-        for n in _MHA_ORDER:
-            table[f"{n}/kernel"] = f"{n}_dense/vars/0"
-            if use_bias:
-                table[f"{n}/bias"] = f"{n}_dense/vars/1"
-        return table
+    """neutral name -> h5 dataset path, for the Keras layouts: ``keras`` and
+    ``keras-mha`` (the projections in ``EinsumDense`` sublayers ``query_dense`` ..
+    ``output_dense``, as Keras' ``MultiHeadAttention`` and multiattn's since the drop-in
+    hold them) and ``keras-flat`` (multiattn before the drop-in: the layer's own
+    variables, all kernels then all biases; read only)."""
+    if layout == "keras-mha" and kind != "mha":
+        raise PortError(f"keras-mha files hold keras.layers.MultiHeadAttention, not {kind}.")
+    if kind not in ("mha", "encoder"):
+        raise PortError(f"keras files of kind {kind!r} are not supported.")
 
     def mha(prefix: str, bias: bool) -> dict[str, str]:
-        names = [f"{n}/kernel" for n in _MHA_ORDER] + (
-            [f"{n}/bias" for n in _MHA_ORDER] if bias else []
-        )
+        parts = ("kernel", "bias") if bias else ("kernel",)
+        if layout != "keras-flat":
+            return {
+                f"{prefix}{n}/{part}": f"{prefix}{n}_dense/vars/{i}"
+                for n in _MHA_ORDER
+                for i, part in enumerate(parts)
+            }
+        names = [f"{n}/{part}" for part in parts for n in _MHA_ORDER]
         return {f"{prefix}{n}": f"{prefix}vars/{i}" for i, n in enumerate(names)}
 
     if kind == "mha":
         return mha("", use_bias)
-    if kind != "encoder":
-        raise PortError(f"keras files of kind {kind!r} are not supported.")
     table = mha("attention/", True)
     for n in ("ffn_1", "ffn_2"):
         table.update({f"{n}/kernel": f"{n}/vars/0", f"{n}/bias": f"{n}/vars/1"})
     for n in ("norm_1", "norm_2"):
         table.update({f"{n}/gamma": f"{n}/vars/0", f"{n}/beta": f"{n}/vars/1"})
     return table
+
+
+def source_layout(fmt: str, names: Iterable[str]) -> str:
+    """The name layout of a ``fmt`` file holding tensors ``names``: `LAYOUT`, except that
+    a ``keras`` file written before the drop-in (flat ``vars/N`` of the attention layer)
+    reads as ``keras-flat``."""
+    names = set(names)
+    if fmt == "keras" and ("vars/0" in names or "attention/vars/0" in names):
+        return "keras-flat"
+    return LAYOUT[fmt]
+
+
+#: Layouts of HDF5 files (Keras ``.weights.h5``).
+_H5_LAYOUTS = ("keras", "keras-mha", "keras-flat")
 
 
 def _h5_kind_and_bias(
@@ -735,9 +751,9 @@ def _h5_kind_and_bias(
         return kind, True
     if config is not None and isinstance(config.get("use_bias"), bool):
         return kind, config["use_bias"]
-    if layout == "keras-mha":
-        return kind, "query_dense/vars/1" in names
-    return kind, "vars/4" in names
+    if layout == "keras-flat":
+        return kind, "vars/4" in names
+    return kind, "query_dense/vars/1" in names
 
 
 def _stored_shapes(layout: str, kind: str, config: dict) -> dict[str, tuple[int, ...]]:
@@ -746,7 +762,7 @@ def _stored_shapes(layout: str, kind: str, config: dict) -> dict[str, tuple[int,
     shapes = expected_shapes(kind, structure(kind, config))
     if layout == "neutral":
         return shapes
-    if layout in ("keras", "keras-mha"):
+    if layout in _H5_LAYOUTS:
         table = _h5_table(layout, kind, kind == "encoder" or config["use_bias"])
         return {table[name]: shape for name, shape in shapes.items()}
     return framework_shapes(layout, kind, structure(kind, config))
@@ -853,7 +869,7 @@ def resolve(
             kind = meta_kind
         if config is None and num_heads is None and layout in ("torch", "paddle"):
             raise PortError(f"--num-heads is required to read a {layout} layout.")
-        if layout in ("keras", "keras-mha"):
+        if layout in _H5_LAYOUTS:
             kind, bias = _h5_kind_and_bias(layout, specs, kind, config)
             table = _h5_table(layout, kind, bias)
             view = {name: specs[stored] for name, stored in table.items() if stored in specs}
@@ -880,7 +896,7 @@ def _map_to_neutral(
     """Checked ``tensors`` of ``layout`` as (neutral weights, neutral -> source name)."""
     shape_config = structure(kind, config)
     try:
-        if layout in ("keras", "keras-mha"):
+        if layout in _H5_LAYOUTS:
             table = _h5_table(layout, kind, kind == "encoder" or config["use_bias"])
             weights = {name: tensors[stored] for name, stored in table.items()}
             weights = check_weights(expected_shapes(kind, shape_config), weights, f"{kind} file")
@@ -906,7 +922,7 @@ def from_neutral(layout: str, kind: str, config: dict, weights: dict) -> tuple[d
         if layout == "keras-mha":
             what = "keras.layers.MultiHeadAttention (the keras-mha format)"
             refuse_settings("--to keras-mha", what, kind, config, files=True)
-        if layout in ("keras", "keras-mha"):
+        if layout in _H5_LAYOUTS:
             table = _h5_table(layout, kind, kind == "encoder" or config.get("use_bias", True))
             return {table[k]: v for k, v in weights.items()}, table
         convert = neutral_to_torch if layout == "torch" else neutral_to_paddle
@@ -964,9 +980,9 @@ class Conversion:
 
 
 def _convert(
-    arrays: dict, src_fmt: str, dst_fmt: str, kind: str, config: dict, out_config: dict
+    arrays: dict, src_layout: str, dst_fmt: str, kind: str, config: dict, out_config: dict
 ) -> Conversion:
-    weights, src_names = _map_to_neutral(LAYOUT[src_fmt], kind, config, arrays)
+    weights, src_names = _map_to_neutral(src_layout, kind, config, arrays)
     out, dst_names = from_neutral(LAYOUT[dst_fmt], kind, out_config, weights)
     return Conversion(kind, out_config, weights, src_names, dst_names, out)
 
@@ -984,10 +1000,11 @@ def convert_tensors(
     if src_fmt not in FORMATS or dst_fmt not in FORMATS:
         raise PortError(f"formats must be among {', '.join(FORMATS)}.")
     specs = {name: Spec.of(name, value) for name, value in tensors.items()}
+    layout = source_layout(src_fmt, specs)
     kind, config, out_config, _ = resolve(
-        LAYOUT[src_fmt], specs, metadata, kind, num_heads, extra_config, "tensors"
+        layout, specs, metadata, kind, num_heads, extra_config, "tensors"
     )
-    return _convert(tensors, src_fmt, dst_fmt, kind, config, out_config)
+    return _convert(tensors, layout, dst_fmt, kind, config, out_config)
 
 
 def metadata_for(kind: str, config: dict) -> dict[str, str]:
@@ -1021,13 +1038,14 @@ def convert_file(
             specs = {k[len(prefix) :]: v for k, v in specs.items() if k.startswith(prefix)}
             if not specs:
                 raise PortError(f"{src}: no tensor name starts with {prefix!r}.")
+        layout = source_layout(src_fmt, specs)
         kind, config, out_config, expected = resolve(
-            LAYOUT[src_fmt], specs, source.metadata, kind, num_heads, extra_config, str(src)
+            layout, specs, source.metadata, kind, num_heads, extra_config, str(src)
         )
         _check_total({name: specs[name] for name in expected}, max_bytes, str(src))
         loaded = source.load([prefix + name for name in expected])
     arrays = {name[len(prefix) :]: arr for name, arr in loaded.items()}
-    conv = _convert(arrays, src_fmt, dst_fmt, kind, config, out_config)
+    conv = _convert(arrays, layout, dst_fmt, kind, config, out_config)
     metadata = metadata_for(kind, out_config) if dst_fmt in METADATA_FORMATS else {}
     conv.removed_temp_files = write_tensors(dst, dst_fmt, conv.target_tensors, metadata)
     return conv

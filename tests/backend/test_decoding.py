@@ -781,6 +781,50 @@ def test_decoder_with_rotary_trains_to_finite_losses():
     assert all(np.isfinite(to_np(w)).all() for w in model.weights)
 
 
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_cached_step_attends_over_the_filled_prefix_only(monkeypatch, return_weights):
+    """A known cache index attends over the ``index + tokens`` written positions only
+    (the step's cost follows the positions written, not the cache length), with the
+    numbers of the masked attention over every slot; the weights of unwritten slots are
+    exactly 0."""
+    import multiattn.layers.multi_head as mh
+
+    layer = layers.MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2)
+    x = cast(rounded(RNG.standard_normal((2, 6, 16)), "float32"), "float32")
+    cache = layer.init_cache(2, 32)
+    _, cache = layer(x[:, :4], cache=cache, cache_index=0)
+    want = layer._attend_cache  # the masked path, reached with a tensor index below
+    seen = []
+    real = mh.attend
+
+    def spy(ops_, q, k, v, **kw):
+        seen.append(shape_of_keys(k))
+        return real(ops_, q, k, v, **kw)
+
+    monkeypatch.setattr(mh, "attend", spy)
+    got = layer(x[:, 4:5], cache=cache, cache_index=4, return_weights=return_weights)
+    assert seen == [5], seen
+    ns = get_ops(x)
+    q, k, v = layer._project_self(ns, x[:, 4:5])
+    q, k = layer._rotate(q, k, 4, 4)
+    k_cache = mh._write(ns, cache[0], k, 4)
+    v_cache = mh._write(ns, cache[1], v, 4)
+    index = ns.convert_to_tensor(np.int32(4))
+    masked = want(ns, q, k_cache, v_cache, index, 1, return_weights, False)
+    assert seen[-1] == 32
+    full = layer._output(ns, masked[0], None)
+    assert_close(got[0], to_np(full), "float32")
+    if return_weights:
+        weights = to_np(got[1])
+        assert weights.shape == (2, 4, 1, 32)
+        assert (weights[..., 5:] == 0).all()
+        assert_close(weights, to_np(masked[1]), "float32")
+
+
+def shape_of_keys(k) -> int:
+    return int(k.shape[1])
+
+
 def test_cache_slice_write_equals_the_select_write(monkeypatch):
     """A known index writes the new tokens by slices, never by the one-hot contraction,
     with the very bits the select write gives; the cache's gradients stay those of the

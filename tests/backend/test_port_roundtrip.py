@@ -485,3 +485,108 @@ def test_flax_grouped_heads(backend):
     with pytest.raises(ValueError, match=r"convert\(to='flax'\): flax\.nnx\.MultiHeadAttention "
                                          r"has no rotary position embedding"):  # fmt: skip
         port.convert(_settings_layer(ROTARY_CASE, (8, 8, 8), seed=42), "flax")
+
+
+# --- Keras .weights.h5 files: the sublayer layout, and files of the flat layout --------------
+
+
+def _save_weights(layer, path) -> None:
+    from keras.src.saving import saving_lib
+
+    saving_lib.save_weights_only(layer, str(path))
+
+
+def _load_weights(layer, path) -> None:
+    from keras.src.saving import saving_lib
+
+    saving_lib.load_weights_only(layer, str(path))
+
+
+def _write_flat_h5(path, weights: dict, names: list[str]) -> None:
+    """A ``.weights.h5`` file as multiattn wrote it before the projections moved into
+    sublayers: the layer's own ``vars/0 ..``, all kernels then all biases."""
+    import h5py
+
+    with h5py.File(path, "w") as fh:
+        for i, name in enumerate(names):
+            fh.create_dataset(f"vars/{i}", data=np.asarray(weights[name]))
+
+
+@pytest.mark.parametrize("case", ["grouped", "rotary", "no_bias"])
+def test_keras_weights_file_round_trip(backend, case, tmp_path):
+    """A layer saved by Keras (projections in the sublayers query .. attention_output)
+    converts through the port to the neutral layout and back, and Keras loads the
+    result into a fresh layer: same weights, same outputs, bit for bit."""
+    from multiattn.port.checkpoint import convert_file
+
+    spec, widths = {
+        "grouped": (dict(GROUPED_CASE, value_dim=3, output_dim=5), (6, 6, 6)),
+        "rotary": (ROTARY_CASE, (8, 8, 8)),
+        "no_bias": (dict(num_heads=2, key_dim=3, use_bias=False), (4, 4, 4)),
+    }[case]
+    layer = _settings_layer(spec, widths, seed=41)
+    _save_weights(layer, tmp_path / "a.weights.h5")
+    convert_file(tmp_path / "a.weights.h5", tmp_path / "n.safetensors", "keras", "safetensors")
+    convert_file(tmp_path / "n.safetensors", tmp_path / "b.weights.h5", "safetensors", "keras")
+    fresh = MultiHeadAttention(**spec)
+    q = inputs((2, 3, widths[0]), seed=7)[0]
+    fresh.build(q.shape, q.shape)
+    _load_weights(fresh, tmp_path / "b.weights.h5")
+    assert_same_weights(port.get_weights(fresh), port.get_weights(layer))
+    assert np.array_equal(to_np(fresh(q, q)), to_np(layer(q, q)))
+
+
+def test_flat_weights_file_loads_and_converts(backend, tmp_path):
+    """A file of the flat layout (multiattn before the sublayers) loads into the layer
+    with Keras' own loading, also inside an encoder, and converts through the port to
+    the current layout: the same weights and outputs either way."""
+    from multiattn.port.checkpoint import convert_file
+
+    layer, (q, k, v) = _mha(MHA_CASES["cross"])
+    source = port.get_weights(layer)
+    order = [f"{n}/{p}" for p in ("kernel", "bias") for n in ("query", "key", "value", "output")]
+    _write_flat_h5(tmp_path / "old.weights.h5", source.weights, order)
+    for path in ("old", "new"):
+        if path == "new":
+            convert_file(tmp_path / "old.weights.h5", tmp_path / "new.weights.h5", "keras", "keras")
+        fresh = MultiHeadAttention(3, 2, value_dim=5, output_dim=7)
+        fresh.build(q.shape, v.shape, k.shape)
+        _load_weights(fresh, tmp_path / f"{path}.weights.h5")
+        assert_same_weights(port.get_weights(fresh), source)
+        assert np.array_equal(to_np(fresh(q, v, k)), to_np(layer(q, v, k)))
+        # loading again (now a file of the current layout) still works
+        _save_weights(fresh, tmp_path / "again.weights.h5")
+        _load_weights(fresh, tmp_path / "again.weights.h5")
+
+
+def test_flat_weights_file_of_a_whole_encoder_loads(backend, tmp_path):
+    import h5py
+
+    config = {"d_model": 4, "num_heads": 2, "dff": 6}
+    layer = TransformerEncoderLayer(4, 2, 6)
+    port.set_weights(layer, random_weights("encoder", config, seed=5))
+    _save_weights(layer, tmp_path / "cur.weights.h5")
+    w = port.get_weights(layer).weights
+    order = [f"{n}/{p}" for p in ("kernel", "bias") for n in ("query", "key", "value", "output")]
+    with (
+        h5py.File(tmp_path / "cur.weights.h5", "r") as src,
+        h5py.File(tmp_path / "old.weights.h5", "w") as dst,
+    ):
+        for name in ("ffn_1", "ffn_2", "norm_1", "norm_2"):
+            src.copy(src[name], dst, name)
+        for i, name in enumerate(order):
+            dst.create_dataset(f"attention/vars/{i}", data=w[f"attention/{name}"])
+    fresh = TransformerEncoderLayer(4, 2, 6)
+    fresh.build((None, 3, 4))
+    _load_weights(fresh, tmp_path / "old.weights.h5")
+    assert_same_weights(port.get_weights(fresh), port.get_weights(layer))
+
+
+def test_flat_weights_file_with_the_wrong_count_is_refused(backend, tmp_path):
+    layer, (q, k, v) = _mha(MHA_CASES["self"])
+    w = port.get_weights(layer).weights
+    _write_flat_h5(tmp_path / "bad.weights.h5", w, ["query/kernel", "key/kernel", "value/kernel"])
+    fresh = MultiHeadAttention(2, 4)
+    fresh.build(q.shape, v.shape, k.shape)
+    with pytest.raises(ValueError, match="holds 3 variables of the layer itself"):
+        _load_weights(fresh, tmp_path / "bad.weights.h5")
