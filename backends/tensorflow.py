@@ -23,37 +23,9 @@ if Keras already runs (or ``KERAS_BACKEND`` names) another backend it raises Imp
 
 from __future__ import annotations
 
-import os
-import sys
+from ._select import require_keras_backend
 
-
-def _require_keras_backend(name: str) -> None:
-    """Select Keras backend ``name`` before Keras is imported, or check the active one."""
-    module = f"multiattn.backends.{name}"
-    if "keras" in sys.modules:
-        import keras
-
-        active = keras.backend.backend()
-        if active != name:
-            raise ImportError(
-                f"{module} needs Keras' {name!r} backend, but Keras is already running the "
-                f"{active!r} backend, and Keras reads its backend once per process. Set "
-                f"KERAS_BACKEND={name} (or leave it unset and import {module} before anything "
-                "imports Keras) in a new Python process."
-            )
-        return
-    requested = os.environ.get("KERAS_BACKEND", "").strip()
-    if not requested:
-        os.environ["KERAS_BACKEND"] = name
-    elif requested.lower() != name:
-        raise ImportError(
-            f"{module} needs Keras' {name!r} backend, but KERAS_BACKEND={requested!r} "
-            f"selects the {requested.lower()!r} backend. Set KERAS_BACKEND={name}, or unset "
-            f"it and this import selects {name!r}."
-        )
-
-
-_require_keras_backend("tensorflow")
+require_keras_backend("tensorflow")
 
 from typing import Any  # noqa: E402
 

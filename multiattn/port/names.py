@@ -16,6 +16,7 @@ These functions import no framework; the checkpoint CLI uses them directly.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -152,33 +153,9 @@ def _torch_expected(kind: str, c: dict) -> dict[str, tuple[int, ...]]:
 def framework_shapes(layout: str, kind: str, config: dict) -> dict[str, tuple[int, ...]]:
     """The ``torch`` or ``paddle`` ``state_dict`` names and shapes of a ``kind`` module with
     the neutral ``config`` (ValueError when the layout cannot hold it)."""
-    c = check_config(kind, config)
-    if layout == "torch":
-        return _torch_expected(kind, c)
-    if layout == "paddle":
-        return _paddle_expected(kind, c)
-    raise ValueError(f"`layout` must be torch or paddle; received {layout!r}.")
-
-
-def torch_to_neutral(kind: str, flat: dict, config: dict) -> dict[str, np.ndarray]:
-    """A torch ``state_dict`` (NumPy arrays) as neutral weights. Checks every name and
-    shape first (ValueError naming the tensor)."""
-    c = check_config(kind, config)
-    flat = check_weights(_torch_expected(kind, c), flat, f"torch {kind} state_dict")
-    if kind == "mha":
-        return _torch_mha_from(flat, c)
-    return _encoder_from(flat, c, _torch_mha_from, transposed=True)
-
-
-def neutral_to_torch(kind: str, weights: dict, config: dict) -> dict[str, np.ndarray]:
-    """Neutral weights as a torch ``state_dict`` (NumPy arrays)."""
-    c = check_config(kind, config)
-    w = check_weights(expected_shapes(kind, c), weights, f"neutral {kind} weights")
-    if kind == "mha":
-        return _torch_mha_to(w, c)
-    if kind != "encoder":
-        raise ValueError(f"torch layout: no torch.nn module for kind {kind!r}.")
-    return _encoder_to(w, c, _torch_mha_to, transposed=True)
+    if layout not in _STATE_DICTS:
+        raise ValueError(f"`layout` must be torch or paddle; received {layout!r}.")
+    return _STATE_DICTS[layout][0](kind, check_config(kind, config))
 
 
 def _paddle_expected(kind: str, c: dict) -> dict[str, tuple[int, ...]]:
@@ -235,27 +212,6 @@ def _paddle_mha_to(w: dict, c: dict, p: str = "") -> dict[str, np.ndarray]:
     return out
 
 
-def paddle_to_neutral(kind: str, flat: dict, config: dict) -> dict[str, np.ndarray]:
-    """A Paddle ``state_dict`` (NumPy arrays) as neutral weights (names and shapes are
-    checked first)."""
-    c = check_config(kind, config)
-    flat = check_weights(_paddle_expected(kind, c), flat, f"paddle {kind} state_dict")
-    if kind == "mha":
-        return _paddle_mha_from(flat, c)
-    return _encoder_from(flat, c, _paddle_mha_from, transposed=False)
-
-
-def neutral_to_paddle(kind: str, weights: dict, config: dict) -> dict[str, np.ndarray]:
-    """Neutral weights as a Paddle ``state_dict`` (NumPy arrays)."""
-    c = check_config(kind, config)
-    w = check_weights(expected_shapes(kind, c), weights, f"neutral {kind} weights")
-    if kind == "mha":
-        return _paddle_mha_to(w, c)
-    if kind != "encoder":
-        raise ValueError(f"paddle layout: no paddle.nn module for kind {kind!r}.")
-    return _encoder_to(w, c, _paddle_mha_to, transposed=False)
-
-
 def _encoder_from(flat: dict, c: dict, mha_from: Any, *, transposed: bool) -> dict:
     """A torch or Paddle ``TransformerEncoderLayer`` state_dict (both name their sublayers
     alike) as neutral encoder weights; ``transposed``: linear weights stored ``(out, in)``
@@ -288,6 +244,43 @@ def _encoder_to(w: dict, c: dict, mha_to: Any, *, transposed: bool) -> dict:
         out[f"{t}.weight"] = w[f"{n}/gamma"]
         out[f"{t}.bias"] = w[f"{n}/beta"]
     return out
+
+
+#: layout -> (expected state_dict shapes, MHA reader, MHA writer, linear weights stored
+#: (out, in)): the torch and Paddle layouts differ only in these.
+_STATE_DICTS = {
+    "torch": (_torch_expected, _torch_mha_from, _torch_mha_to, True),
+    "paddle": (_paddle_expected, _paddle_mha_from, _paddle_mha_to, False),
+}
+
+
+def state_dict_to_neutral(layout: str, kind: str, flat: dict, config: dict) -> dict:
+    """A torch or Paddle ``state_dict`` (NumPy arrays) as neutral weights. Checks every
+    name and shape first (ValueError naming the tensor)."""
+    expected, mha_from, _, transposed = _STATE_DICTS[layout]
+    c = check_config(kind, config)
+    flat = check_weights(expected(kind, c), flat, f"{layout} {kind} state_dict")
+    if kind == "mha":
+        return mha_from(flat, c)
+    return _encoder_from(flat, c, mha_from, transposed=transposed)
+
+
+def neutral_to_state_dict(layout: str, kind: str, weights: dict, config: dict) -> dict:
+    """Neutral weights as a torch or Paddle ``state_dict`` (NumPy arrays)."""
+    _, _, mha_to, transposed = _STATE_DICTS[layout]
+    c = check_config(kind, config)
+    w = check_weights(expected_shapes(kind, c), weights, f"neutral {kind} weights")
+    if kind == "mha":
+        return mha_to(w, c)
+    if kind != "encoder":
+        raise ValueError(f"{layout} layout: no {layout}.nn module for kind {kind!r}.")
+    return _encoder_to(w, c, mha_to, transposed=transposed)
+
+
+torch_to_neutral = functools.partial(state_dict_to_neutral, "torch")
+neutral_to_torch = functools.partial(neutral_to_state_dict, "torch")
+paddle_to_neutral = functools.partial(state_dict_to_neutral, "paddle")
+neutral_to_paddle = functools.partial(neutral_to_state_dict, "paddle")
 
 
 def _shape(
