@@ -11,21 +11,18 @@ from .._namespace import get_ops
 from ..ops.masking import check_valid_lens
 from ._base import (
     as_mask,
-    block_initializers,
-    check_block_args,
     check_input_width,
-    check_layer_seed,
     static_width,
-    sublayer_initializers,
 )
-from .multi_head import MultiHeadAttention
-from .normalization import LayerNormalization
+from ._block import TransformerBlock
 
 __all__ = ["TransformerDecoderLayer"]
 
 
 @keras.saving.register_keras_serializable(package="multiattn")
-class TransformerDecoderLayer(keras.layers.Layer):
+class TransformerDecoderLayer(TransformerBlock):
+    _WHERE = "TransformerDecoderLayer"
+
     """Causal self-attention, cross-attention over an encoder output and a position-wise
     feed-forward network, each with a residual connection and layer normalisation.
 
@@ -105,17 +102,7 @@ class TransformerDecoderLayer(keras.layers.Layer):
         bias_initializer: Any = "zeros",
         **kwargs: Any,
     ):
-        super().__init__(**kwargs)
-        (
-            self.d_model,
-            self.num_heads,
-            self.dff,
-            self.rate,
-            self.norm_first,
-            self.epsilon,
-            self.activation,
-        ) = check_block_args(
-            "TransformerDecoderLayer",
+        super().__init__(
             d_model,
             num_heads,
             dff,
@@ -123,78 +110,32 @@ class TransformerDecoderLayer(keras.layers.Layer):
             norm_first,
             epsilon,
             activation,
+            seed,
+            kernel_initializer,
+            bias_initializer,
+            **kwargs,
         )
         self.num_key_value_heads = num_key_value_heads
         self.rotary_max_length = rotary_max_length
-        self.seed = seed = check_layer_seed("TransformerDecoderLayer", seed)
-        self.kernel_initializer, self.bias_initializer = block_initializers(
-            "TransformerDecoderLayer", kernel_initializer, bias_initializer
-        )
-        self.supports_masking = True
-        dtype = self.dtype_policy
-        key_dim = self.d_model // self.num_heads
-        self.self_attention = MultiHeadAttention(
-            self.num_heads,
-            key_dim,
+        self.self_attention = self._attention(
+            "self_attention",
             num_key_value_heads=num_key_value_heads,
             rotary_max_length=rotary_max_length,
-            name="self_attention",
-            dtype=dtype,
-            **sublayer_initializers(self),
         )
-        self.cross_attention = MultiHeadAttention(
-            self.num_heads,
-            key_dim,
-            num_key_value_heads=num_key_value_heads,
-            name="cross_attention",
-            dtype=dtype,
-            **sublayer_initializers(self),
+        self.cross_attention = self._attention(
+            "cross_attention", num_key_value_heads=num_key_value_heads
         )
-        self.ffn_1 = keras.layers.EinsumDense(
-            "btd,df->btf",
-            (None, dff),
-            bias_axes="f",
-            activation=activation,
-            name="ffn_1",
-            dtype=dtype,
-            **sublayer_initializers(self),
-        )
-        self.ffn_2 = keras.layers.EinsumDense(
-            "btf,fd->btd",
-            (None, d_model),
-            bias_axes="d",
-            name="ffn_2",
-            dtype=dtype,
-            **sublayer_initializers(self),
-        )
-        self.norm_1 = LayerNormalization(epsilon=self.epsilon, name="norm_1", dtype=dtype)
-        self.norm_2 = LayerNormalization(epsilon=self.epsilon, name="norm_2", dtype=dtype)
-        self.norm_3 = LayerNormalization(epsilon=self.epsilon, name="norm_3", dtype=dtype)
-        seeds = [None if seed is None else seed + i for i in range(3)]
-        self.dropout_1, self.dropout_2, self.dropout_3 = (
-            keras.layers.Dropout(self.rate, seed=s, name=f"dropout_{i + 1}", dtype=dtype)
-            for i, s in enumerate(seeds)
-        )
+        self._make_ffn_norms(3)
 
     def build(self, x_shape, context_shape=None):
-        where = "TransformerDecoderLayer"
-        width = static_width(where, "x", x_shape)
-        if width != self.d_model:
-            raise ValueError(
-                f"{where}: `x` must have width d_model={self.d_model}; received shape "
-                f"{tuple(x_shape)}."
-            )
-        shape = tuple(x_shape)
+        shape = self._checked_shape(x_shape)
         if context_shape is None:
             context_shape = (shape[0], None, self.d_model)
         else:
-            static_width(where, "context", context_shape)
+            static_width(self._WHERE, "context", context_shape)
         self.self_attention.build(shape, shape)
         self.cross_attention.build(shape, tuple(context_shape))
-        for norm in (self.norm_1, self.norm_2, self.norm_3):
-            norm.build(shape)
-        self.ffn_1.build(shape)
-        self.ffn_2.build((*shape[:-1], self.dff))
+        self._build_ffn_norms(shape)
 
     def init_cache(self, batch_size: int, max_length: int, dtype: str | None = None):
         """An empty self-attention cache for ``max_length`` positions (see
@@ -265,17 +206,14 @@ class TransformerDecoderLayer(keras.layers.Layer):
                 return self.cross_attention(h, key_value=context_key_value, **kw)
             return self.cross_attention(h, context, **kw)
 
-        def ffn(h):
-            return self.ffn_2(self.ffn_1(h))
-
         if self.norm_first:
             x = x + self.dropout_1(self_attention(self.norm_1(x)), training=training)
             x = x + self.dropout_2(cross_attention(self.norm_2(x)), training=training)
-            y = x + self.dropout_3(ffn(self.norm_3(x)), training=training)
+            y = x + self.dropout_3(self._ffn(self.norm_3(x)), training=training)
         else:
             x = self.norm_1(x + self.dropout_1(self_attention(x), training=training))
             x = self.norm_2(x + self.dropout_2(cross_attention(x), training=training))
-            y = self.norm_3(x + self.dropout_3(ffn(x), training=training))
+            y = self.norm_3(x + self.dropout_3(self._ffn(x), training=training))
         return (y, new_cache) if cache is not None else y
 
     def _check_context_mask(self, where, context_mask, x, context, context_key_value) -> None:
@@ -301,18 +239,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
     def get_config(self) -> dict:
         return {
             **super().get_config(),
-            "d_model": self.d_model,
-            "num_heads": self.num_heads,
-            "dff": self.dff,
-            "rate": self.rate,
-            "norm_first": self.norm_first,
-            "epsilon": self.epsilon,
-            "activation": self.activation,
             "num_key_value_heads": self.num_key_value_heads,
             "rotary_max_length": self.rotary_max_length,
-            "seed": self.seed,
-            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
         }
 
 

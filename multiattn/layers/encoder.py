@@ -10,21 +10,17 @@ from .._checks import broadcast_shape, check_flag, check_float, check_rank, shap
 from .._namespace import get_ops
 from ._base import (
     as_mask,
-    block_initializers,
-    check_block_args,
     check_input_width,
-    check_layer_seed,
-    static_width,
-    sublayer_initializers,
 )
-from .multi_head import MultiHeadAttention
-from .normalization import LayerNormalization
+from ._block import TransformerBlock
 
 __all__ = ["TransformerEncoderLayer"]
 
 
 @keras.saving.register_keras_serializable(package="multiattn")
-class TransformerEncoderLayer(keras.layers.Layer):
+class TransformerEncoderLayer(TransformerBlock):
+    _WHERE = "TransformerEncoderLayer"
+
     """Self-attention and a position-wise feed-forward network, each with a residual
     connection and layer normalisation.
 
@@ -84,17 +80,7 @@ class TransformerEncoderLayer(keras.layers.Layer):
         bias_initializer: Any = "zeros",
         **kwargs: Any,
     ):
-        super().__init__(**kwargs)
-        (
-            self.d_model,
-            self.num_heads,
-            self.dff,
-            self.rate,
-            self.norm_first,
-            self.epsilon,
-            self.activation,
-        ) = check_block_args(
-            "TransformerEncoderLayer",
+        super().__init__(
             d_model,
             num_heads,
             dff,
@@ -102,58 +88,18 @@ class TransformerEncoderLayer(keras.layers.Layer):
             norm_first,
             epsilon,
             activation,
+            seed,
+            kernel_initializer,
+            bias_initializer,
+            **kwargs,
         )
-        self.seed = seed = check_layer_seed("TransformerEncoderLayer", seed)
-        self.kernel_initializer, self.bias_initializer = block_initializers(
-            "TransformerEncoderLayer", kernel_initializer, bias_initializer
-        )
-        self.supports_masking = True
-        dtype = self.dtype_policy
-        self.attention = MultiHeadAttention(
-            self.num_heads,
-            self.d_model // self.num_heads,
-            name="attention",
-            dtype=dtype,
-            **sublayer_initializers(self),
-        )
-        # EinsumDense rather than Dense: Keras' matmul computes float64 in float32 on the
-        # torch backend, its einsum does not.
-        self.ffn_1 = keras.layers.EinsumDense(
-            "btd,df->btf",
-            (None, dff),
-            bias_axes="f",
-            activation=activation,
-            name="ffn_1",
-            dtype=dtype,
-            **sublayer_initializers(self),
-        )
-        self.ffn_2 = keras.layers.EinsumDense(
-            "btf,fd->btd",
-            (None, d_model),
-            bias_axes="d",
-            name="ffn_2",
-            dtype=dtype,
-            **sublayer_initializers(self),
-        )
-        self.norm_1 = LayerNormalization(epsilon=self.epsilon, name="norm_1", dtype=dtype)
-        self.norm_2 = LayerNormalization(epsilon=self.epsilon, name="norm_2", dtype=dtype)
-        seed2 = None if seed is None else seed + 1
-        self.dropout_1 = keras.layers.Dropout(self.rate, seed=seed, name="dropout_1", dtype=dtype)
-        self.dropout_2 = keras.layers.Dropout(self.rate, seed=seed2, name="dropout_2", dtype=dtype)
+        self.attention = self._attention("attention")
+        self._make_ffn_norms(2)
 
     def build(self, input_shape):
-        width = static_width("TransformerEncoderLayer", "x", input_shape)
-        if width != self.d_model:
-            raise ValueError(
-                f"TransformerEncoderLayer: `x` must have width d_model={self.d_model}; "
-                f"received shape {tuple(input_shape)}."
-            )
-        shape = tuple(input_shape)
+        shape = self._checked_shape(input_shape)
         self.attention.build(shape, shape)
-        self.norm_1.build(shape)
-        self.norm_2.build(shape)
-        self.ffn_1.build(shape)
-        self.ffn_2.build((*shape[:-1], self.dff))
+        self._build_ffn_norms(shape)
 
     def call(self, x, *, mask=None, valid_lens=None, causal=False, training=None):
         where = "TransformerEncoderLayer"
@@ -178,15 +124,12 @@ class TransformerEncoderLayer(keras.layers.Layer):
                 h, h, mask=mask, valid_lens=valid_lens, causal=causal, training=training
             )
 
-        def ffn(h):
-            return self.ffn_2(self.ffn_1(h))
-
         if self.norm_first:
             h = self.norm_1(x)
             x = x + self.dropout_1(attention(h), training=training)
-            return x + self.dropout_2(ffn(self.norm_2(x)), training=training)
+            return x + self.dropout_2(self._ffn(self.norm_2(x)), training=training)
         x = self.norm_1(x + self.dropout_1(attention(x), training=training))
-        return self.norm_2(x + self.dropout_2(ffn(x), training=training))
+        return self.norm_2(x + self.dropout_2(self._ffn(x), training=training))
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -195,18 +138,3 @@ class TransformerEncoderLayer(keras.layers.Layer):
         if mask is not None and not hasattr(mask, "shape"):
             mask = keras.ops.convert_to_tensor(as_mask("TransformerEncoderLayer", "mask", mask))
         return mask if mask is not None and len(tuple(mask.shape)) == 2 else None
-
-    def get_config(self) -> dict:
-        return {
-            **super().get_config(),
-            "d_model": self.d_model,
-            "num_heads": self.num_heads,
-            "dff": self.dff,
-            "rate": self.rate,
-            "norm_first": self.norm_first,
-            "epsilon": self.epsilon,
-            "activation": self.activation,
-            "seed": self.seed,
-            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-        }
