@@ -7,6 +7,11 @@
   Keras layer (Keras jax, torch, tensorflow, numpy).
 * `multiattn.models.bert_paddle`: the same encoder on Paddle tensors, computed by the core
   functions through the Paddle ops namespace.
+* `multiattn.models.pretrained`: `from_pretrained` reads a Hugging Face model folder
+  (BERT's ``BertModel``, ViT's ``ViTModel``) into multiattn layers; ``save_pretrained``
+  writes one transformers reads back. `multiattn.models.vit`: the ViT Keras layer.
+  `multiattn.models.hf_families` and `multiattn.models.hf_files`: the config options,
+  tensor tables and file handling (no framework).
 
 Submodules are imported on use, so ``import multiattn.models`` loads no framework.
 """
@@ -16,12 +21,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = ("bert", "bert_paddle", "checkpoint")
+_SUBMODULES = ("bert", "bert_paddle", "checkpoint", "hf_families", "hf_files", "pretrained", "vit")
 
-__all__ = list(_SUBMODULES)
+__all__ = [*_SUBMODULES, "from_pretrained"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "from_pretrained":
+        return importlib.import_module(".pretrained", __name__).from_pretrained
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'multiattn.models' has no attribute {name!r}")

@@ -41,6 +41,7 @@ import numpy as np
 __all__ = [
     "BertConfig",
     "SentenceOptions",
+    "bert_sizes",
     "bert_to_neutral",
     "layer_weights",
     "load_checkpoint",
@@ -204,21 +205,26 @@ def _sentence_options(model_dir: Path, root: Path | None = None) -> SentenceOpti
     return SentenceOptions(max_length=int(max_length), normalize="Normalize" in kinds)
 
 
-def _take(state: dict[str, np.ndarray], name: str, shape: tuple[int, ...]) -> np.ndarray:
-    if name not in state:
-        raise ValueError(f"bert_to_neutral: the checkpoint has no tensor {name!r}.")
-    arr = np.asarray(state[name])
-    if arr.shape != shape:
-        raise ValueError(
-            f"bert_to_neutral: {name!r} must have shape {shape} for this config; received "
-            f"{arr.shape}."
-        )
-    return arr
+def bert_sizes(config: BertConfig) -> dict[str, Any]:
+    """``config`` as the sizes of `multiattn.models.hf_families` (BERT)."""
+    return {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_layers": config.num_layers,
+        "num_heads": config.num_heads,
+        "intermediate_size": config.intermediate_size,
+        "max_positions": config.max_positions,
+        "type_vocab_size": config.type_vocab_size,
+        "epsilon": config.epsilon,
+    }
 
 
 def bert_to_neutral(state: dict[str, np.ndarray], config: BertConfig) -> dict[str, np.ndarray]:
     """Map a BERT state dict (``transformers`` names, with or without a ``bert.`` prefix)
     to the neutral names listed in the module docstring.
+
+    The names, shapes and transforms are the BERT table of
+    `multiattn.models.hf_families` (the pooler is left out here).
 
     Args:
         state: name -> array; ``Linear`` weights ``(out, in)``.
@@ -230,45 +236,21 @@ def bert_to_neutral(state: dict[str, np.ndarray], config: BertConfig) -> dict[st
     Raises:
         ValueError: a tensor is missing or has the wrong shape (the name is quoted).
     """
+    from .hf_families import bert_entries
+
     prefix = "bert." if any(k.startswith("bert.embeddings.") for k in state) else ""
     state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-    e, h = config.hidden_size, config.num_heads
-    d, f = e // h, config.intermediate_size
-    out = {
-        "embeddings/word": _take(
-            state, "embeddings.word_embeddings.weight", (config.vocab_size, e)
-        ),
-        "embeddings/position": _take(
-            state, "embeddings.position_embeddings.weight", (config.max_positions, e)
-        ),
-        "embeddings/token_type": _take(
-            state, "embeddings.token_type_embeddings.weight", (config.type_vocab_size, e)
-        ),
-        "embeddings/norm/gamma": _take(state, "embeddings.LayerNorm.weight", (e,)),
-        "embeddings/norm/beta": _take(state, "embeddings.LayerNorm.bias", (e,)),
-    }
-    for i in range(config.num_layers):
-        src, dst = f"encoder.layer.{i}.", f"layer_{i}/"
-        for part in ("query", "key", "value"):
-            w = _take(state, f"{src}attention.self.{part}.weight", (e, e))
-            b = _take(state, f"{src}attention.self.{part}.bias", (e,))
-            out[f"{dst}attention/{part}/kernel"] = np.ascontiguousarray(w.T.reshape(e, h, d))
-            out[f"{dst}attention/{part}/bias"] = b.reshape(h, d).copy()
-        w = _take(state, f"{src}attention.output.dense.weight", (e, e))
-        out[f"{dst}attention/output/kernel"] = np.ascontiguousarray(w.T.reshape(h, d, e))
-        out[f"{dst}attention/output/bias"] = _take(state, f"{src}attention.output.dense.bias", (e,))
-        w1 = _take(state, f"{src}intermediate.dense.weight", (f, e))
-        w2 = _take(state, f"{src}output.dense.weight", (e, f))
-        out[f"{dst}ffn_1/kernel"] = np.ascontiguousarray(w1.T)
-        out[f"{dst}ffn_1/bias"] = _take(state, f"{src}intermediate.dense.bias", (f,))
-        out[f"{dst}ffn_2/kernel"] = np.ascontiguousarray(w2.T)
-        out[f"{dst}ffn_2/bias"] = _take(state, f"{src}output.dense.bias", (e,))
-        for norm, name in (
-            ("norm_1", "attention.output.LayerNorm"),
-            ("norm_2", "output.LayerNorm"),
-        ):
-            out[f"{dst}{norm}/gamma"] = _take(state, f"{src}{name}.weight", (e,))
-            out[f"{dst}{norm}/beta"] = _take(state, f"{src}{name}.bias", (e,))
+    out = {}
+    for entry in bert_entries(bert_sizes(config), pooler=False):
+        if entry.hf not in state:
+            raise ValueError(f"bert_to_neutral: the checkpoint has no tensor {entry.hf!r}.")
+        arr = np.asarray(state[entry.hf])
+        if arr.shape != entry.shape:
+            raise ValueError(
+                f"bert_to_neutral: {entry.hf!r} must have shape {entry.shape} for this config; "
+                f"received {arr.shape}."
+            )
+        out[entry.name] = entry.to_neutral(arr)
     return out
 
 

@@ -1,0 +1,379 @@
+"""The model families `multiattn.models.pretrained` loads: config options and tensor tables.
+
+Imports no framework. Each `Family` says, for one Hugging Face ``model_type``:
+
+* which ``config.json`` keys it reads (`Family.read_sizes`, every value checked), which
+  keys may only hold the value it implements (``hidden_act: "gelu"``, ...), and which keys
+  do not change the base model's forward pass in inference (dropout rates, token ids,
+  labels, initialisation, metadata); any other key is refused by name;
+* the table of its tensors (`Entry`): the Hugging Face name and shape, the neutral name
+  (`multiattn.port` layout: kernels ``(in, out)``, attention kernels with a head axis) and
+  the exact transform between the two (a transpose and/or a reshape, so values are copied
+  bit for bit both ways).
+
+`FAMILIES` is the one registry: ``model_type`` -> `Family`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FAMILIES", "Entry", "Family", "family_of", "from_hf", "to_hf"]
+
+# Keys of every transformers config that do not change a base encoder's inference output.
+COMMON_INERT = frozenset(
+    {
+        "_name_or_path", "architectures", "transformers_version", "dtype", "torch_dtype",
+        "model_type", "initializer_range", "hidden_dropout_prob",
+        "attention_probs_dropout_prob", "classifier_dropout", "use_cache", "pad_token_id",
+        "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id",
+        "tie_word_embeddings", "gradient_checkpointing", "id2label", "label2id",
+        "num_labels", "problem_type", "finetuning_task", "tokenizer_class", "prefix",
+        "task_specific_params", "return_dict", "chunk_size_feed_forward", "torchscript",
+        "use_bfloat16", "tie_encoder_decoder", "_attn_implementation_autoset",
+        "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+        "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p",
+        "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+        "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+        "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+        "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+        "suppress_tokens", "begin_suppress_tokens",
+    }
+)  # fmt: skip
+# Keys that must hold their default: a different value changes the model.
+COMMON_FIXED = {
+    "is_decoder": (False,),
+    "add_cross_attention": (False,),
+    "is_encoder_decoder": (False,),
+    "cross_attention_hidden_size": (None,),
+    "output_attentions": (False,),
+    "output_hidden_states": (False,),
+    "pruned_heads": ({},),
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor: Hugging Face ``hf`` name and shape, neutral ``name``, and ``kind``:
+
+    ``same`` (identical), ``linear`` (HF ``(out, in)`` <-> ``(in, out)``), ``heads_in``
+    (HF ``(H*D, E)`` <-> ``(E, H, D)``), ``heads_bias`` (``(H*D,)`` <-> ``(H, D)``),
+    ``heads_out`` (HF ``(E, H*D)`` <-> ``(H, D, E)``), ``patch`` (a convolution kernel
+    ``(E, C, p, q)`` <-> ``(C*p*q, E)``), ``squeeze`` (the leading unit axis dropped).
+    """
+
+    hf: str
+    shape: tuple[int, ...]
+    name: str
+    kind: str = "same"
+    heads: int = 1
+
+    def to_neutral(self, a: np.ndarray) -> np.ndarray:
+        h, k = self.heads, self.kind
+        if k == "linear":
+            a = a.T
+        elif k == "heads_in":
+            a = a.T.reshape(a.shape[1], h, -1)
+        elif k == "heads_bias":
+            a = a.reshape(h, -1)
+        elif k == "heads_out":
+            a = a.T.reshape(h, -1, a.shape[0])
+        elif k == "patch":
+            a = a.reshape(a.shape[0], -1).T
+        elif k == "squeeze":
+            a = a.reshape(a.shape[1:])
+        return np.ascontiguousarray(a)
+
+    def to_hf(self, a: np.ndarray) -> np.ndarray:
+        k = self.kind
+        if k in ("linear", "heads_in", "heads_out", "patch"):
+            # every neutral kernel flattens to (in, out) in HF's feature order
+            rows = a.shape[0] if k != "heads_out" else a.shape[0] * a.shape[1]
+            a = a.reshape(rows, -1).T
+        return np.ascontiguousarray(a.reshape(self.shape))
+
+
+def _int(raw: dict, key: str, where: str, default: Any = None) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        raise ValueError(f"{where}: config.json has no `{key}`.")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: `{key}` must be a positive integer; received {value!r}.")
+    return value
+
+
+def _positive(raw: dict, key: str, where: str, default: Any = None) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{where}: `{key}` must be a positive number; received {value!r}.")
+    return float(value)
+
+
+def _pair(raw: dict, key: str, where: str, default: int) -> tuple[int, int]:
+    value = raw.get(key, default)
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return (_int({key: value[0]}, key, where), _int({key: value[1]}, key, where))
+    v = _int({key: value}, key, where)
+    return (v, v)
+
+
+def _encoder_sizes(raw: dict, where: str) -> dict[str, Any]:
+    sizes = {
+        "hidden_size": _int(raw, "hidden_size", where),
+        "num_layers": _int(raw, "num_hidden_layers", where),
+        "num_heads": _int(raw, "num_attention_heads", where),
+        "intermediate_size": _int(raw, "intermediate_size", where),
+        "epsilon": _positive(raw, "layer_norm_eps", where, 1e-12),
+    }
+    if sizes["hidden_size"] % sizes["num_heads"]:
+        raise ValueError(
+            f"{where}: `hidden_size` ({sizes['hidden_size']}) must be divisible by "
+            f"`num_attention_heads` ({sizes['num_heads']})."
+        )
+    return sizes
+
+
+def _layer_entries(s: dict, i: int, names: dict[str, str], qkv_bias: bool = True) -> list:
+    """The encoder layer ``i``: ``names`` maps the neutral part to the HF prefix."""
+    e, h, f = s["hidden_size"], s["num_heads"], s["intermediate_size"]
+    src, dst = f"encoder.layer.{i}.", f"layer_{i}/"
+    out = []
+    for part in ("query", "key", "value"):
+        hf = f"{src}{names['self']}.{part}."
+        out.append(Entry(hf + "weight", (e, e), f"{dst}attention/{part}/kernel", "heads_in", h))
+        if qkv_bias:
+            out.append(Entry(hf + "bias", (e,), f"{dst}attention/{part}/bias", "heads_bias", h))
+    hf = f"{src}{names['attn_out']}."
+    out += [
+        Entry(hf + "weight", (e, e), f"{dst}attention/output/kernel", "heads_out", h),
+        Entry(hf + "bias", (e,), f"{dst}attention/output/bias"),
+        Entry(f"{src}intermediate.dense.weight", (f, e), f"{dst}ffn_1/kernel", "linear"),
+        Entry(f"{src}intermediate.dense.bias", (f,), f"{dst}ffn_1/bias"),
+        Entry(f"{src}output.dense.weight", (e, f), f"{dst}ffn_2/kernel", "linear"),
+        Entry(f"{src}output.dense.bias", (e,), f"{dst}ffn_2/bias"),
+    ]
+    for norm in ("norm_1", "norm_2"):
+        hf = f"{src}{names[norm]}."
+        out += [
+            Entry(hf + "weight", (e,), f"{dst}{norm}/gamma"),
+            Entry(hf + "bias", (e,), f"{dst}{norm}/beta"),
+        ]
+    return out
+
+
+@dataclass(frozen=True)
+class Family:
+    """One ``model_type``: how its config is read and its tensors are named."""
+
+    model_type: str
+    architecture: str  # the transformers class written to ``architectures``
+    prefix: str  # the base model's prefix inside task-head checkpoints
+    inputs: tuple[str, ...]
+    layer: str  # "module:Class" of the Keras layer, built by `from_sizes`
+    read_sizes: Callable[[dict, str], dict]
+    keys: tuple[str, ...]  # the config keys `read_sizes` reads
+    entries: Callable[[dict], list]
+    fixed: dict = field(default_factory=dict)
+    inert: frozenset = frozenset()
+    buffers: Callable[[dict], dict] = lambda sizes: {}  # read, checked, not used
+
+    def check_config(self, raw: dict, where: str) -> dict:
+        """The sizes of ``raw`` (a config.json object); refuses what is not implemented."""
+        got = raw.get("model_type")
+        if got != self.model_type:
+            raise ValueError(
+                f"{where}: `model_type` must be {self.model_type!r}; received {got!r}."
+            )
+        fixed = {**COMMON_FIXED, **self.fixed}
+        sizes = self.read_sizes(raw, where)
+        for key, value in raw.items():
+            if key in fixed:
+                if value not in fixed[key]:
+                    allowed = " or ".join(repr(v) for v in fixed[key])
+                    raise ValueError(
+                        f"{where}: config option `{key}` = {value!r} is not implemented "
+                        f"(multiattn's {self.model_type} supports {allowed})."
+                    )
+            elif key not in COMMON_INERT and key not in self.inert and key not in self.keys:
+                raise ValueError(
+                    f"{where}: config option `{key}` is not implemented for model_type "
+                    f"{self.model_type!r}; refusing to load rather than ignore it."
+                )
+        return sizes
+
+
+# --- BERT -----------------------------------------------------------------------------
+
+_BERT_KEYS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "intermediate_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps",
+)  # fmt: skip
+
+
+def _bert_sizes(raw: dict, where: str) -> dict:
+    return {
+        **_encoder_sizes(raw, where),
+        "vocab_size": _int(raw, "vocab_size", where),
+        "max_positions": _int(raw, "max_position_embeddings", where),
+        "type_vocab_size": _int(raw, "type_vocab_size", where),
+    }
+
+
+def bert_entries(s: dict, pooler: bool = True) -> list[Entry]:
+    """BERT's tensors (``BertModel`` names) for sizes ``s``."""
+    e = s["hidden_size"]
+    out = [
+        Entry("embeddings.word_embeddings.weight", (s["vocab_size"], e), "embeddings/word"),
+        Entry(
+            "embeddings.position_embeddings.weight", (s["max_positions"], e), "embeddings/position"
+        ),
+        Entry(
+            "embeddings.token_type_embeddings.weight",
+            (s["type_vocab_size"], e),
+            "embeddings/token_type",
+        ),
+        Entry("embeddings.LayerNorm.weight", (e,), "embeddings/norm/gamma"),
+        Entry("embeddings.LayerNorm.bias", (e,), "embeddings/norm/beta"),
+    ]
+    names = {
+        "self": "attention.self",
+        "attn_out": "attention.output.dense",
+        "norm_1": "attention.output.LayerNorm",
+        "norm_2": "output.LayerNorm",
+    }
+    for i in range(s["num_layers"]):
+        out += _layer_entries(s, i, names)
+    if pooler:
+        out += [
+            Entry("pooler.dense.weight", (e, e), "pooler/kernel", "linear"),
+            Entry("pooler.dense.bias", (e,), "pooler/bias"),
+        ]
+    return out
+
+
+BERT = Family(
+    model_type="bert",
+    architecture="BertModel",
+    prefix="bert",
+    inputs=("input_ids", "attention_mask", "token_type_ids"),
+    layer="multiattn.models.bert:BertModel",
+    read_sizes=_bert_sizes,
+    keys=_BERT_KEYS,
+    entries=bert_entries,
+    fixed={"hidden_act": ("gelu",), "position_embedding_type": ("absolute",)},
+    buffers=lambda s: {"embeddings.position_ids": (1, s["max_positions"])},
+)
+
+# --- ViT ------------------------------------------------------------------------------
+
+_VIT_KEYS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "layer_norm_eps", "image_size", "patch_size", "num_channels", "qkv_bias",
+    "pooler_output_size", "pooler_act",
+)  # fmt: skip
+POOLER_ACTIVATIONS = ("tanh", "relu", "gelu", "sigmoid", "linear")
+
+
+def _vit_sizes(raw: dict, where: str) -> dict:
+    s = _encoder_sizes(raw, where)
+    image, patch = _pair(raw, "image_size", where, 224), _pair(raw, "patch_size", where, 16)
+    if image[0] % patch[0] or image[1] % patch[1]:
+        raise ValueError(
+            f"{where}: `image_size` {list(image)} must be a multiple of `patch_size` {list(patch)}."
+        )
+    qkv_bias = raw.get("qkv_bias", True)
+    if not isinstance(qkv_bias, bool):
+        raise ValueError(f"{where}: `qkv_bias` must be a bool; received {qkv_bias!r}.")
+    act = raw.get("pooler_act", "tanh")
+    if act not in POOLER_ACTIVATIONS:
+        raise ValueError(
+            f"{where}: config option `pooler_act` = {act!r} is not implemented (supported: "
+            f"{', '.join(POOLER_ACTIVATIONS)})."
+        )
+    return {
+        **s,
+        "image_size": image,
+        "patch_size": patch,
+        "num_channels": _int(raw, "num_channels", where, 3),
+        "qkv_bias": qkv_bias,
+        "pooler_output_size": s["hidden_size"]
+        if raw.get("pooler_output_size") is None
+        else _int(raw, "pooler_output_size", where),
+        "pooler_act": act,
+    }
+
+
+def vit_entries(s: dict, pooler: bool = True) -> list[Entry]:
+    """ViT's tensors (``ViTModel`` names) for sizes ``s``."""
+    e, c = s["hidden_size"], s["num_channels"]
+    (ih, iw), (ph, pw) = s["image_size"], s["patch_size"]
+    patches = (ih // ph) * (iw // pw)
+    out = [
+        Entry("embeddings.cls_token", (1, 1, e), "embeddings/cls", "squeeze"),
+        Entry("embeddings.position_embeddings", (1, patches + 1, e), "embeddings/position",
+              "squeeze"),
+        Entry("embeddings.patch_embeddings.projection.weight", (e, c, ph, pw),
+              "embeddings/patch/kernel", "patch"),
+        Entry("embeddings.patch_embeddings.projection.bias", (e,), "embeddings/patch/bias"),
+    ]  # fmt: skip
+    names = {
+        "self": "attention.attention",
+        "attn_out": "attention.output.dense",
+        "norm_1": "layernorm_before",
+        "norm_2": "layernorm_after",
+    }
+    for i in range(s["num_layers"]):
+        out += _layer_entries(s, i, names, qkv_bias=s["qkv_bias"])
+    out += [
+        Entry("layernorm.weight", (e,), "final_norm/gamma"),
+        Entry("layernorm.bias", (e,), "final_norm/beta"),
+    ]
+    if pooler:
+        p = s["pooler_output_size"]
+        out += [
+            Entry("pooler.dense.weight", (p, e), "pooler/kernel", "linear"),
+            Entry("pooler.dense.bias", (p,), "pooler/bias"),
+        ]
+    return out
+
+
+VIT = Family(
+    model_type="vit",
+    architecture="ViTModel",
+    prefix="vit",
+    inputs=("pixel_values",),
+    layer="multiattn.models.vit:ViTModel",
+    read_sizes=_vit_sizes,
+    keys=_VIT_KEYS,
+    entries=vit_entries,
+    fixed={"hidden_act": ("gelu",)},
+    inert=frozenset({"encoder_stride"}),  # used only by the masked-image-modelling head
+)
+
+#: ``model_type`` -> `Family`: the families `multiattn.models.pretrained` loads.
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, VIT)}
+
+
+def family_of(raw: dict, where: str) -> Family:
+    """The `Family` of a config.json object; ValueError listing the supported ones."""
+    model_type = raw.get("model_type")
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"{where}: unsupported model_type {model_type!r}; supported: "
+            f"{', '.join(sorted(FAMILIES))}."
+        )
+    return FAMILIES[model_type]
+
+
+def from_hf(entries: list[Entry], state: dict[str, np.ndarray]) -> dict:
+    """Neutral weights from a state dict whose names and shapes were already checked."""
+    return {e.name: e.to_neutral(np.asarray(state[e.hf])) for e in entries}
+
+
+def to_hf(entries: list[Entry], weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """HF-named arrays from neutral weights (exact inverse of `from_hf`)."""
+    return {e.hf: e.to_hf(np.asarray(weights[e.name])) for e in entries}

@@ -1,0 +1,236 @@
+"""Hugging Face model folders on disk: reading, checking and writing (imports no framework).
+
+`read_folder` reads ``config.json`` and the weights (``model.safetensors``, a sharded
+``model.safetensors.index.json``, or a ``pytorch_model.bin`` pickle only with
+``trust_pickle=True``), picks the `multiattn.models.hf_families.Family` from
+``model_type``, refuses config options it does not implement, and checks every tensor's
+name and shape against the config; it returns neutral NumPy weights. `write_folder` writes
+``config.json`` and ``model.safetensors`` into a temporary sibling folder and renames it
+into place, so an error leaves nothing half written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import _inside, _read_json
+from .hf_families import Family, family_of, from_hf, to_hf
+
+__all__ = ["Loaded", "check_state", "read_folder", "read_state", "write_folder"]
+
+SAFETENSORS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+PICKLE = "pytorch_model.bin"
+
+
+@dataclass
+class Loaded:
+    """What `read_folder` found: the family, the raw config, its sizes, neutral weights
+    (``float`` arrays in the checkpoint's dtype) and the task-head tensors left out."""
+
+    family: Family
+    config: dict
+    sizes: dict
+    weights: dict
+    ignored: list
+
+
+def _safetensors(path: Path, where: str) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(path)
+    except Exception as err:  # safetensors raises its own error types
+        raise ValueError(
+            f"{where}: cannot read {path.name} ({type(err).__name__}: {err}); the file is "
+            "truncated, corrupted or not a safetensors file."
+        ) from None
+
+
+def _sharded(folder: Path, where: str) -> dict[str, np.ndarray]:
+    index = _read_json(_inside(folder, INDEX, where), where, dict)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{where}: {INDEX} must hold a non-empty object `weight_map`.")
+    state: dict[str, np.ndarray] = {}
+    for shard in sorted(set(map(str, weight_map.values()))):
+        for name, value in _safetensors(_inside(folder, shard, where), where).items():
+            if weight_map.get(name) != shard:
+                raise ValueError(
+                    f"{where}: tensor {name!r} is in {shard} but {INDEX} places it in "
+                    f"{weight_map.get(name)!r}."
+                )
+            state[name] = value
+    missing = sorted(set(weight_map) - set(state))
+    if missing:
+        raise ValueError(f"{where}: {INDEX} lists tensor {missing[0]!r}, found in no shard.")
+    return state
+
+
+def _pickle(path: Path, where: str, trust_pickle: bool) -> dict[str, np.ndarray]:
+    if not trust_pickle:
+        raise ValueError(
+            f"{where}: the only weights are {PICKLE}, a Python pickle; reading a pickle can "
+            "run arbitrary code. Pass trust_pickle=True only for a file you trust, or convert "
+            "it to model.safetensors."
+        )
+    import torch
+
+    try:  # even when trusted, only tensors are unpickled
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(f"{where}: cannot read {PICKLE} ({type(err).__name__}: {err}).") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{where}: {PICKLE} must hold a state dict; received {type(state)}.")
+    return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy()
+            for k, v in state.items()}  # fmt: skip
+
+
+def read_state(folder: Path, trust_pickle: bool = False) -> dict[str, np.ndarray]:
+    """The tensors of ``folder`` by name, from the first of ``model.safetensors``,
+    ``model.safetensors.index.json``, ``pytorch_model.bin`` that exists."""
+    where = f"from_pretrained({str(folder)!r})"
+    if _inside(folder, SAFETENSORS, where).is_file():
+        return _safetensors(_inside(folder, SAFETENSORS, where), where)
+    if _inside(folder, INDEX, where).is_file():
+        return _sharded(folder, where)
+    if _inside(folder, PICKLE, where).is_file():
+        return _pickle(_inside(folder, PICKLE, where), where, trust_pickle)
+    raise ValueError(
+        f"{where}: no weights: the folder holds none of {SAFETENSORS}, {INDEX}, {PICKLE}."
+    )
+
+
+def _base_state(family: Family, state: dict, where: str) -> tuple[dict, list]:
+    """The base model's tensors (a task-head checkpoint's ``<prefix>.`` removed) and the
+    names left out (the task head's tensors)."""
+    prefix = family.prefix + "."
+    if not any(k.startswith("embeddings.") for k in state) and any(
+        k.startswith(prefix) for k in state
+    ):
+        base = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        return base, sorted(k for k in state if not k.startswith(prefix))
+    return dict(state), []
+
+
+def check_state(family: Family, sizes: dict, state: dict, where: str) -> tuple[dict, list]:
+    """Checks names and shapes; returns ``(neutral weights, ignored head tensors)``.
+
+    Raises:
+        ValueError: a tensor is missing, unexpected, not floating or of the wrong shape
+            for this config (the tensor is named).
+    """
+    state, ignored = _base_state(family, state, where)
+    has_pooler = "pooler.dense.weight" in state or "pooler.dense.bias" in state
+    entries = family.entries(sizes, pooler=has_pooler)
+    buffers = family.buffers(sizes)
+    expected = {e.hf: e.shape for e in entries} | buffers
+    for name in sorted(expected):
+        if name not in state and name not in buffers:
+            raise ValueError(f"{where}: the checkpoint has no tensor {name!r}.")
+    for name, value in state.items():
+        if name not in expected:
+            raise ValueError(
+                f"{where}: unexpected tensor {name!r} for a {family.model_type} model with "
+                "this config."
+            )
+        if tuple(value.shape) != tuple(expected[name]):
+            raise ValueError(
+                f"{where}: tensor {name!r} must have shape {tuple(expected[name])} for this "
+                f"config; received {tuple(value.shape)}."
+            )
+        if name not in buffers and value.dtype.kind != "f":
+            raise ValueError(f"{where}: tensor {name!r} must be floating; received {value.dtype}.")
+    if ignored:
+        warnings.warn(
+            f"{where}: left out {len(ignored)} task-head tensor(s) outside the base model "
+            f"({', '.join(ignored[:5])}{', ...' if len(ignored) > 5 else ''}).",
+            stacklevel=3,
+        )
+    return from_hf(entries, state), ignored
+
+
+def read_folder(path: str | Path, trust_pickle: bool = False) -> Loaded:
+    """Read and check a Hugging Face model folder (see the module docstring)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"from_pretrained: `path` must be a folder path; received {path!r}.")
+    folder = Path(path)
+    where = f"from_pretrained({str(folder)!r})"
+    if not folder.is_dir():
+        raise ValueError(f"{where}: `path` must be an existing folder; received {str(path)!r}.")
+    config_path = _inside(folder, "config.json", where)
+    if not config_path.is_file():
+        raise ValueError(f"{where}: the folder has no config.json.")
+    config = _read_json(config_path, where, dict)
+    family = family_of(config, where)
+    sizes = family.check_config(config, where)
+    weights, ignored = check_state(family, sizes, read_state(folder, trust_pickle), where)
+    return Loaded(family, config, sizes, weights, ignored)
+
+
+def write_folder(
+    path: str | Path,
+    family: Family,
+    sizes: dict,
+    config: dict,
+    weights: dict[str, np.ndarray],
+    overwrite: bool = False,
+) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (HF names) atomically.
+
+    The files are written into a temporary folder next to ``path``, which is then renamed
+    to ``path``. ``path`` must not exist, be an empty folder, or (``overwrite=True``) be a
+    folder, which is replaced only once the new one is complete.
+
+    Raises:
+        ValueError: ``path`` exists and is not empty (without ``overwrite``), or is a file.
+    """
+    from safetensors.numpy import save_file
+
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"save_pretrained: `path` is a file; received {str(path)!r}.")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise ValueError(
+            f"save_pretrained: {str(path)!r} is a non-empty folder; pass overwrite=True to "
+            "replace it."
+        )
+    entries = family.entries(sizes, pooler="pooler/kernel" in weights)
+    tensors = to_hf(entries, weights)
+    config = {**config, "architectures": [family.architecture]}
+    dtypes = {str(t.dtype) for t in tensors.values()}
+    config["dtype"] = dtypes.pop() if len(dtypes) == 1 else config.get("dtype", "float32")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})
+        _replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _replace(tmp: Path, target: Path) -> None:
+    """Rename the finished ``tmp`` to ``target``; an old ``target`` is removed afterwards."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        target.rename(old)
+    try:
+        tmp.rename(target)
+    except BaseException:
+        if old is not None:
+            old.rename(target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,179 @@
+"""Hugging Face checkpoints in, Hugging Face checkpoints out: `from_pretrained`.
+
+``from_pretrained(path)`` reads a folder written by transformers' ``save_pretrained``
+(``config.json`` and ``model.safetensors`` or a sharded ``model.safetensors.index.json``),
+picks the family from ``model_type`` (`multiattn.models.hf_families.FAMILIES`: ``bert``,
+``vit``), checks the config and every tensor (`multiattn.models.hf_files`) and returns a
+`PretrainedModel`: a Keras layer built from multiattn layers holding the weights, callable
+with transformers' argument names, with a `PretrainedModel.save_pretrained` that
+transformers reads back bit for bit.
+
+Importing this module imports no framework; Keras is imported by `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .hf_families import Family
+from .hf_files import read_folder, write_folder
+
+__all__ = ["DTYPES", "FRAMEWORKS", "PretrainedModel", "from_pretrained"]
+
+FRAMEWORKS = ("jax", "torch", "tensorflow", "numpy", "paddle")
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+class PretrainedModel:
+    """A loaded Hugging Face base model on the process's Keras backend.
+
+    Attributes:
+        family: the `multiattn.models.hf_families.Family` (``family.model_type``).
+        config: the ``config.json`` object it was loaded from (written back by
+            `save_pretrained`).
+        layer: the Keras layer (`multiattn.models.bert.BertModel` or
+            `multiattn.models.vit.ViTModel`) holding the weights.
+        ignored_tensors: task-head tensors of the checkpoint outside the base model.
+    """
+
+    def __init__(self, family: Family, config: dict, sizes: dict, layer: Any, ignored=()):
+        self.family, self.config, self.sizes, self.layer = family, config, sizes, layer
+        self.ignored_tensors = list(ignored)
+
+    @property
+    def dtype(self) -> str:
+        """The compute and variable dtype (``float32`` unless asked otherwise)."""
+        return self.layer.compute_dtype
+
+    def __repr__(self) -> str:
+        return (
+            f"PretrainedModel({self.family.architecture}, layers={self.sizes['num_layers']}, "
+            f"hidden={self.sizes['hidden_size']}, dtype={self.dtype})"
+        )
+
+    def __call__(self, **inputs: Any) -> dict[str, Any]:
+        """Run the model (inference).
+
+        Args:
+            **inputs: transformers' names, NumPy arrays or backend tensors. BERT:
+                ``input_ids`` int ``(batch, seq)``, ``attention_mask`` ``(batch, seq)``
+                (1 / True = real token, may be attended; 0 = padding; default all ones),
+                ``token_type_ids`` (default zeros). ViT: ``pixel_values`` float
+                ``(batch, channels, height, width)``.
+
+        Returns:
+            ``{"last_hidden_state": ..., "pooler_output": ...}`` backend tensors in the
+            model's dtype (``pooler_output`` only if the checkpoint has a pooler).
+
+        Raises:
+            TypeError: an argument the family does not take (named), or none given.
+        """
+        allowed = self.family.inputs
+        unknown = sorted(set(inputs) - set(allowed))
+        if unknown:
+            raise TypeError(
+                f"{self.family.architecture}: unsupported argument(s) {', '.join(unknown)}; "
+                f"accepted: {', '.join(allowed)}."
+            )
+        first = allowed[0]
+        if inputs.get(first) is None:
+            raise TypeError(f"{self.family.architecture}: `{first}` is required.")
+        return dict(self.layer(**{k: v for k, v in inputs.items() if v is not None}))
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The weights as NumPy arrays under transformers' names (``BertModel`` /
+        ``ViTModel``, no prefix)."""
+        from .hf_families import to_hf
+
+        weights = self.layer.neutral_weights()
+        entries = self.family.entries(self.sizes, pooler="pooler/kernel" in weights)
+        return to_hf(entries, weights)
+
+    def save_pretrained(self, path: str | Path, overwrite: bool = False) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` that transformers'
+        ``AutoModel.from_pretrained`` loads with tensors identical to this model's.
+
+        Written into a temporary folder next to ``path`` and renamed into place; on error
+        nothing is left at ``path``. ``path`` must not exist or be empty unless
+        ``overwrite=True``. Returns ``path``.
+        """
+        weights = self.layer.neutral_weights()
+        return write_folder(path, self.family, self.sizes, self.config, weights, overwrite)
+
+
+def _check_framework(framework: Any) -> str:
+    import keras
+
+    current = keras.backend.backend()
+    if framework is None:
+        return current
+    if framework not in FRAMEWORKS:
+        raise ValueError(
+            f"from_pretrained: `framework` must be one of {', '.join(FRAMEWORKS)} or None; "
+            f"received {framework!r}."
+        )
+    if framework == "paddle":
+        raise NotImplementedError(
+            "from_pretrained: framework='paddle' is not implemented yet; the Paddle BERT "
+            "sentence encoder is `multiattn.models.bert_paddle`."
+        )
+    if framework != current:
+        raise ValueError(
+            f"from_pretrained: framework={framework!r}, but this process's Keras backend is "
+            f"{current!r} (Keras reads KERAS_BACKEND once, before it is first imported)."
+        )
+    return framework
+
+
+def from_pretrained(
+    path: str | Path,
+    framework: str | None = None,
+    dtype: str | None = None,
+    trust_pickle: bool = False,
+) -> PretrainedModel:
+    """Load a Hugging Face model folder into multiattn layers.
+
+    Args:
+        path: a folder with ``config.json`` and ``model.safetensors`` (or a sharded
+            ``model.safetensors.index.json``; ``pytorch_model.bin`` only with
+            ``trust_pickle``). Task-head checkpoints (``bert.`` / ``vit.`` prefixed
+            tensors) load their base model; the head's tensors are listed in a warning.
+        framework: the Keras backend to run on (``jax``, ``torch``, ``tensorflow``,
+            ``numpy``); default, and the only value accepted, is the process's backend.
+            ``paddle`` raises ``NotImplementedError``.
+        dtype: ``float32`` (default), ``float64``, ``float16`` or ``bfloat16``: the
+            variables and the computation (LayerNorm statistics of half precision inputs
+            are computed in float32).
+        trust_pickle: allow reading ``pytorch_model.bin`` (a pickle; only tensors are
+            unpickled, through torch's weights-only loader).
+
+    Returns:
+        A `PretrainedModel`.
+
+    Raises:
+        ValueError: no folder, no config.json, no weights, an unsupported ``model_type``
+            (the supported ones are listed), a config option that is not implemented (named),
+            a missing, unexpected or mis-shaped tensor (named), an unreadable or truncated
+            weights file, a pickle without ``trust_pickle``, a bad ``framework``/``dtype``.
+        TypeError: ``trust_pickle`` not a bool, ``path`` not a path.
+    """
+    if not isinstance(trust_pickle, bool):
+        raise TypeError(
+            f"from_pretrained: `trust_pickle` must be a bool; received {trust_pickle!r}."
+        )
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(
+            f"from_pretrained: `dtype` must be one of {', '.join(DTYPES)} or None; "
+            f"received {dtype!r}."
+        )
+    _check_framework(framework)
+    loaded = read_folder(path, trust_pickle=trust_pickle)
+    module, name = loaded.family.layer.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    layer = cls.from_sizes(loaded.sizes, "pooler/kernel" in loaded.weights, dtype or "float32")
+    layer.set_neutral_weights(loaded.weights)
+    return PretrainedModel(loaded.family, loaded.config, loaded.sizes, layer, loaded.ignored)
