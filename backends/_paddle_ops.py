@@ -468,6 +468,10 @@ class PaddleNamespace(Namespace):
         """Hyperbolic tangent; integers give float32, floats keep their dtype."""
         return self._unary_float(x, paddle.tanh, "tanh")
 
+    def erf(self, x: Any) -> paddle.Tensor:
+        """Gauss error function; integers give float32, floats keep their dtype."""
+        return self._unary_float(x, paddle.erf, "erf")
+
     def exp(self, x: Any) -> paddle.Tensor:
         """Exponential; integers and bool give float32, floats keep their dtype.
 

@@ -159,6 +159,10 @@ class Namespace(Protocol):
         """Hyperbolic tangent (floating, float64 kept; integers give float32)."""
 
     @abstractmethod
+    def erf(self, x: Any) -> Any:
+        """Gauss error function (floating, float64 kept; integers give float32)."""
+
+    @abstractmethod
     def square(self, x: Any) -> Any:
         """``x * x``, dtype kept (bool gives int32)."""
 

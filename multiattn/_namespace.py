@@ -146,6 +146,9 @@ class KerasNamespace(Namespace):
     def tanh(self, x: Any) -> Any:
         return self._ops.tanh(x)
 
+    def erf(self, x: Any) -> Any:
+        return self._ops.erf(x)
+
     def square(self, x: Any) -> Any:
         return self._ops.square(x)
 

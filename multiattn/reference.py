@@ -298,13 +298,20 @@ def multi_head_attention(
     causal: bool = False,
     scale: float | None = None,
     rotary_base: float | None = None,
+    rotary_dim: int | None = None,
+    rotary_interleaved: bool = False,
+    rotary_scaling: dict | None = None,
+    sliding_window: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Multi-head attention; returns output ``(B, Tq, Eo)`` and weights ``(B, H, Tq, Tk)``.
 
     The key and value kernels may have fewer heads ``Hkv`` than the query kernel
     (grouped-query attention, ``Hkv`` dividing ``H``): query head ``h`` then uses key/value
     head ``h // (H / Hkv)``. With ``rotary_base`` the projected queries and keys get the
-    rotary position embedding (`rotary_embedding`) at positions ``0, 1, ...``.
+    rotary position embedding (`rotary_embedding`, with ``rotary_dim``,
+    ``rotary_interleaved`` and ``rotary_scaling``) at positions ``0, 1, ...``. With
+    ``sliding_window`` ``w`` the query at (bottom-right aligned) position ``p`` sees only
+    keys ``j > p - w``.
 
     query ``(B, Tq, Eq)``, value ``(B, Tk, Ev)``, key ``(B, Tk, Ek)`` (defaults to value).
     ``weights``: "query_kernel" ``(Eq, H, D)``, "key_kernel" ``(Ek, H, D)``, "value_kernel"
@@ -347,14 +354,21 @@ def multi_head_attention(
     k = np.einsum("bte,ehd->bhtd", key, wk) + bias("key_bias", (hkv, d))[None, :, None, :]
     v = np.einsum("bte,ehd->bhtd", value, wv) + bias("value_bias", (hkv, dv))[None, :, None, :]
     if rotary_base is not None:
-        q = rotary_embedding(q, np.arange(q.shape[2]), rotary_base)
-        k = rotary_embedding(k, np.arange(k.shape[2]), rotary_base)
+        options = dict(rotary_dim=rotary_dim, interleaved=rotary_interleaved)
+        options["scaling"] = rotary_scaling
+        q = rotary_embedding(q, np.arange(q.shape[2]), rotary_base, **options)
+        k = rotary_embedding(k, np.arange(k.shape[2]), rotary_base, **options)
     # every key/value head serves h // hkv consecutive query heads
     k, v = np.repeat(k, h // hkv, axis=1), np.repeat(v, h // hkv, axis=1)
     if mask is not None:
         mask = _as_bool_mask(mask)
         if mask.ndim == 3:
             mask = mask[:, None, :, :]
+    if sliding_window is not None:
+        tq, tk = q.shape[2], k.shape[2]
+        query_pos = np.arange(tq)[:, None] + (tk - tq)
+        band = query_pos - np.arange(tk)[None, :] < sliding_window
+        mask = band if mask is None else mask & band
     context, attn = scaled_dot_product_attention(
         q, k, v, mask=mask, valid_lens=valid_lens, causal=causal, scale=scale
     )
@@ -362,21 +376,76 @@ def multi_head_attention(
     return out, attn
 
 
-def rotary_embedding(x: ArrayLike, positions: ArrayLike, base: float = 10000.0) -> np.ndarray:
-    """Rotary position embedding of ``x`` ``(..., T, D)`` (``D`` even) at ``positions`` ``(T,)``.
+def rotary_inverse_frequencies(
+    dim: int, base: float = 10000.0, scaling: dict | None = None
+) -> np.ndarray:
+    """The rotation speed (radians per position) of each of the ``dim / 2`` planes.
 
-    Feature pair ``(i, i + D/2)`` is read as the complex number ``x_i + 1j * x_{i+D/2}``
-    and multiplied by ``exp(1j * p * base**(-2i/D))`` for the token at position ``p``.
+    Plane ``i`` turns by ``base**(-2i/dim)`` per position. ``scaling`` (a Hugging Face
+    ``rope_scaling`` dict) changes that: ``"linear"`` divides every speed by ``factor``;
+    ``"llama3"`` looks at the plane's wavelength ``2 pi / speed`` against ``n =
+    original_max_position_embeddings``: shorter than ``n / high_freq_factor``, the speed
+    stays; longer than ``n / low_freq_factor``, it is divided by ``factor``; in between it
+    is blended, ``(1 - s) * speed / factor + s * speed`` with ``s = (n / wavelength -
+    low_freq_factor) / (high_freq_factor - low_freq_factor)``.
+    """
+    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    speeds = []
+    for i in range(dim // 2):
+        speed = base ** (-2.0 * i / dim)
+        if kind == "linear":
+            speed = speed / scaling["factor"]
+        elif kind == "llama3":
+            factor = scaling["factor"]
+            low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+            n = scaling["original_max_position_embeddings"]
+            wavelength = 2.0 * math.pi / speed
+            if wavelength < n / high:
+                pass
+            elif wavelength > n / low:
+                speed = speed / factor
+            else:
+                s = (n / wavelength - low) / (high - low)
+                speed = (1.0 - s) * speed / factor + s * speed
+        elif kind not in (None, "default"):
+            raise ValueError(f"unknown rope_type {kind!r}")
+        speeds.append(speed)
+    return np.array(speeds, dtype=np.float64)
+
+
+def rotary_embedding(
+    x: ArrayLike,
+    positions: ArrayLike,
+    base: float = 10000.0,
+    *,
+    rotary_dim: int | None = None,
+    interleaved: bool = False,
+    scaling: dict | None = None,
+) -> np.ndarray:
+    """Rotary position embedding of ``x`` ``(..., T, D)`` at ``positions`` ``(T,)``.
+
+    Only the first ``R = rotary_dim`` features (default all ``D``; ``R`` even) are
+    rotated, the rest are copied. Feature pair ``(i, i + R/2)`` (or ``(2i, 2i + 1)`` with
+    ``interleaved``) is read as the complex number ``a + 1j * b`` and multiplied by
+    ``exp(1j * p * speed_i)`` for the token at position ``p`` (``speed_i`` from
+    `rotary_inverse_frequencies` of ``R``, ``base`` and ``scaling``).
     """
     x = _f64(x)
-    half = x.shape[-1] // 2
-    if x.shape[-1] != 2 * half:
-        raise ValueError(f"rotary_embedding needs an even last axis, got {x.shape}")
+    r = x.shape[-1] if rotary_dim is None else rotary_dim
+    if r % 2 or r > x.shape[-1]:
+        raise ValueError(f"rotary_embedding needs an even rotary width <= {x.shape[-1]}, got {r}")
+    half = r // 2
     positions = np.asarray(positions, dtype=np.float64)
-    freqs = np.array([base ** (-2.0 * i / x.shape[-1]) for i in range(half)])
-    phase = np.exp(1j * positions[:, None] * freqs[None, :])  # (T, D/2)
-    z = (x[..., :half] + 1j * x[..., half:]) * phase
-    return np.concatenate([z.real, z.imag], axis=-1)
+    freqs = rotary_inverse_frequencies(r, base, scaling)
+    phase = np.exp(1j * positions[:, None] * freqs[None, :])  # (T, R/2)
+    out = x.copy()
+    if interleaved:
+        z = (x[..., 0:r:2] + 1j * x[..., 1:r:2]) * phase
+        out[..., 0:r:2], out[..., 1:r:2] = z.real, z.imag
+    else:
+        z = (x[..., :half] + 1j * x[..., half:r]) * phase
+        out[..., :half], out[..., half:r] = z.real, z.imag
+    return out
 
 
 def layer_norm(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, epsilon: float) -> np.ndarray:
@@ -544,3 +613,107 @@ def transformer_decoder_layer(
     h = ln(1, x + self_mha(x))
     h = ln(2, h + cross_mha(h))
     return ln(3, h + ffn(h))
+
+
+def activation(x: ArrayLike, name: str) -> np.ndarray:
+    """The feed-forward activations by their checkpoint names, elementwise in float64:
+    "linear", "relu", "gelu" (exact, with erf), "gelu_tanh" / "gelu_new" /
+    "gelu_pytorch_tanh" (``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``), "silu" /
+    "swish" (``x / (1 + exp(-x))``)."""
+    x = _f64(x)
+    if name == "linear":
+        return x
+    if name == "relu":
+        return np.maximum(x, 0.0)
+    if name == "gelu":
+        return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+    if name in ("gelu_tanh", "gelu_new", "gelu_pytorch_tanh"):
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    if name in ("silu", "swish"):
+        with np.errstate(over="ignore"):
+            return x / (1.0 + np.exp(-x))
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def gated_feed_forward(
+    x: ArrayLike, weights: dict[str, Any], activation_name: str, gated: bool
+) -> np.ndarray:
+    """Plain ``down(act(up(x)))`` or gated ``down(act(gate(x)) * up(x))`` feed-forward.
+
+    x ``(..., d)``; ``weights``: "up_kernel" ``(d, f)``, "down_kernel" ``(f, o)``,
+    "gate_kernel" ``(d, f)`` when gated, and optional "up_bias", "gate_bias" ``(f,)``,
+    "down_bias" ``(o,)`` (missing biases are zero).
+    """
+    x = _f64(x)
+
+    def dense(name: str, inputs: np.ndarray) -> np.ndarray:
+        kernel = _f64(weights[f"{name}_kernel"])
+        _check_shape(f"{name}_kernel", kernel, (inputs.shape[-1], None))
+        out = inputs @ kernel
+        if weights.get(f"{name}_bias") is not None:
+            out = out + _f64(weights[f"{name}_bias"])
+        return out
+
+    if gated:
+        hidden = activation(dense("gate", x), activation_name) * dense("up", x)
+    else:
+        hidden = activation(dense("up", x), activation_name)
+    return dense("down", hidden)
+
+
+def transformer_decoder_only_layer(
+    x: ArrayLike,
+    *,
+    weights: dict[str, Any],
+    norm: str = "layer",
+    norm_first: bool = False,
+    epsilon: float = 1e-6,
+    activation_name: str = "relu",
+    gated: bool = False,
+    rotary_base: float | None = None,
+    rotary_dim: int | None = None,
+    rotary_interleaved: bool = False,
+    rotary_scaling: dict | None = None,
+    sliding_window: int | None = None,
+    mask: ArrayLike | None = None,
+) -> np.ndarray:
+    """One decoder-only block (inference, no dropout); x and output ``(B, T, d_model)``.
+
+    Pre-norm: ``h = x + SelfMHA_causal(N1(x)); out = h + FFN(N2(h))``. Post-norm:
+    ``h = N1(x + SelfMHA_causal(x)); out = N2(h + FFN(h))``. ``N`` is `layer_norm`
+    (``norm="layer"``; weights "norm{1,2}_gamma", "norm{1,2}_beta") or `rms_norm`
+    (``norm="rms"``; weights "norm{1,2}_scale"). ``weights["attention"]`` as
+    `multi_head_attention` takes it; ``weights["ffn"]`` as `gated_feed_forward`. The
+    rotary options and ``sliding_window`` go to the attention; ``mask`` (``(B, T, T)``
+    or ``(B, H, T, T)``, True = may attend) is ANDed with the causal mask.
+    """
+    x = _f64(x)
+    w = weights
+
+    def normalise(i: int, inputs: np.ndarray) -> np.ndarray:
+        if norm == "rms":
+            return rms_norm(inputs, w[f"norm{i}_scale"], epsilon)
+        return layer_norm(inputs, w[f"norm{i}_gamma"], w[f"norm{i}_beta"], epsilon)
+
+    def attend(inputs: np.ndarray) -> np.ndarray:
+        return multi_head_attention(
+            inputs,
+            inputs,
+            weights=w["attention"],
+            mask=mask,
+            causal=True,
+            rotary_base=rotary_base,
+            rotary_dim=rotary_dim,
+            rotary_interleaved=rotary_interleaved,
+            rotary_scaling=rotary_scaling,
+            sliding_window=sliding_window,
+        )[0]
+
+    def ffn(inputs: np.ndarray) -> np.ndarray:
+        return gated_feed_forward(inputs, w["ffn"], activation_name, gated)
+
+    if norm_first:
+        h = x + attend(normalise(1, x))
+        return h + ffn(normalise(2, h))
+    h = normalise(1, x + attend(x))
+    return normalise(2, h + ffn(h))

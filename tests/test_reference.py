@@ -685,3 +685,78 @@ def test_transformer_encoder_layer_zero_sublayers():
     np.testing.assert_allclose(post.var(axis=-1), 1.0, rtol=1e-12)
     with pytest.raises(ValueError, match="num_heads"):
         ref.transformer_encoder_layer(x, weights=w, num_heads=3)
+
+
+# --- decoder-only building blocks ---------------------------------------------------------
+
+
+def test_rotary_pairings_and_partial_rotation_hand_values():
+    p = 0.7
+    x = np.array([1.0, 0.0, 0.0, 0.0])[None, :]  # plane 0 turns by 1 radian per position
+    half = ref.rotary_embedding(x, [p])
+    np.testing.assert_allclose(half, [[np.cos(p), 0.0, np.sin(p), 0.0]], atol=1e-15)
+    inter = ref.rotary_embedding(x, [p], interleaved=True)
+    np.testing.assert_allclose(inter, [[np.cos(p), np.sin(p), 0.0, 0.0]], atol=1e-15)
+    y = np.array([[0.0, 1.0, 5.0, -2.0]])
+    part = ref.rotary_embedding(y, [p], rotary_dim=2)
+    np.testing.assert_allclose(part, [[-np.sin(p), np.cos(p), 5.0, -2.0]], atol=1e-15)
+
+
+def test_rotary_inverse_frequencies_hand_values():
+    plain = ref.rotary_inverse_frequencies(4, 100.0)
+    np.testing.assert_allclose(plain, [1.0, 0.1], rtol=1e-15)
+    linear = ref.rotary_inverse_frequencies(4, 100.0, {"rope_type": "linear", "factor": 4.0})
+    np.testing.assert_allclose(linear, [0.25, 0.025], rtol=1e-15)
+    llama = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    # wavelengths 2 pi and 20 pi: against n = 32 (bands 8 and 32) the first is kept and
+    # the second slowed by 8; against n = 100 (bands 25 and 100) the second is blended.
+    got = ref.rotary_inverse_frequencies(
+        4, 100.0, {**llama, "original_max_position_embeddings": 32}
+    )
+    np.testing.assert_allclose(got, [1.0, 0.1 / 8], rtol=1e-15)
+    got = ref.rotary_inverse_frequencies(
+        4, 100.0, {**llama, "original_max_position_embeddings": 100}
+    )
+    s = (100 / (20 * np.pi) - 1) / 3
+    np.testing.assert_allclose(got, [1.0, (1 - s) * 0.1 / 8 + s * 0.1], rtol=1e-14)
+
+
+def test_activation_hand_values():
+    x = np.array([-2.0, 0.0, 1.0])
+    np.testing.assert_array_equal(ref.activation(x, "relu"), [0.0, 0.0, 1.0])
+    np.testing.assert_allclose(ref.activation(x, "gelu")[1:], [0.0, 0.8413447460685429])
+    np.testing.assert_allclose(ref.activation(x, "silu"), x / (1 + np.exp(-x)), rtol=1e-15)
+    np.testing.assert_allclose(ref.activation([1.0], "gelu_new"), [0.8411919906082768])
+    with pytest.raises(ValueError, match="activation"):
+        ref.activation(x, "elu")
+
+
+def test_decoder_only_layer_one_token_by_hand():
+    """One token attends only to itself: the attention is the value and output
+    projections of the normalised token, whatever the queries and keys."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 1, 4))
+    att = {
+        "query_kernel": rng.standard_normal((4, 2, 2)),
+        "key_kernel": rng.standard_normal((4, 1, 2)),
+        "value_kernel": rng.standard_normal((4, 1, 2)),
+        "output_kernel": rng.standard_normal((2, 2, 4)),
+    }
+    ffn = {k: rng.standard_normal(s) for k, s in (("gate_kernel", (4, 3)), ("up_kernel", (4, 3)),
+                                                   ("down_kernel", (3, 4)))}  # fmt: skip
+    scales = rng.standard_normal(4), rng.standard_normal(4)
+    weights = {"attention": att, "ffn": ffn, "norm1_scale": scales[0], "norm2_scale": scales[1]}
+    got = ref.transformer_decoder_only_layer(
+        x, weights=weights, norm="rms", norm_first=True, activation_name="silu", gated=True,
+        rotary_base=10.0,
+    )  # fmt: skip
+
+    def rms(v, s):
+        return v / np.sqrt(np.mean(v**2) + 1e-6) * s
+
+    v = rms(x[0, 0], scales[0]) @ att["value_kernel"][:, 0, :]  # (2,), shared by both heads
+    h = x[0, 0] + np.einsum("hv,hvo->o", np.stack([v, v]), att["output_kernel"])
+    n = rms(h, scales[1])
+    gate = n @ ffn["gate_kernel"]
+    want = h + (gate / (1 + np.exp(-gate)) * (n @ ffn["up_kernel"])) @ ffn["down_kernel"]
+    np.testing.assert_allclose(got[0, 0], want, rtol=1e-12)

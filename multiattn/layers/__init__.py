@@ -6,8 +6,10 @@ computes in ``call``; ``get_config`` is complete and ``.keras`` files round-trip
 
 from .attention import AdditiveAttention, DotProductAttention
 from .decoder import TransformerDecoderLayer
+from .decoder_only import TransformerDecoderOnlyLayer
 from .encoder import TransformerEncoderLayer
 from .feature_map import FeatureMapAttention
+from .feed_forward import FeedForward
 from .grouped_query import GroupedQueryAttention, GroupQueryAttention
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization, RMSNormalization
@@ -19,6 +21,7 @@ __all__ = [
     "AdditiveAttention",
     "DotProductAttention",
     "FeatureMapAttention",
+    "FeedForward",
     "GroupQueryAttention",
     "GroupedQueryAttention",
     "LayerNormalization",
@@ -30,5 +33,6 @@ __all__ = [
     "Seq2SeqAttentionDecoder",
     "Seq2SeqEncoder",
     "TransformerDecoderLayer",
+    "TransformerDecoderOnlyLayer",
     "TransformerEncoderLayer",
 ]

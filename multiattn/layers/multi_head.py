@@ -24,7 +24,7 @@ from .._checks import (
 from .._namespace import get_ops
 from ..ops.attention import attend
 from ..ops.blockwise import block_keep, lens_rank4, split_masks
-from ..ops.rotary import _check_base
+from ..ops.rotary import _check_base, check_rotary_dim, check_rotary_scaling
 from ._base import (
     as_mask,
     check_layer_seed,
@@ -329,12 +329,13 @@ class MultiHeadAttention(keras.layers.Layer):
     Weights (for rank-3 inputs): ``query_kernel (E_q, H, D)``, ``key_kernel
     (E_k, H_kv, D)``, ``value_kernel (E_v, H_kv, D_v)``, ``output_kernel (H, D_v,
     *output_shape)``, and with ``use_bias`` the biases ``query_bias (H, D)``, ``key_bias
-    (H_kv, D)``, ``value_bias (H_kv, D_v)``, ``output_bias (*output_shape,)``
-    (``output_shape`` defaults to ``(E_q,)``); with ``use_gate`` also ``gate`` ``(E_q, H,
-    D_v)`` and ``(H, D_v)``. The ``*_kernel``/``*_bias`` attributes are read-only views of
-    the sublayers' weights. ``H_kv = H`` unless ``num_key_value_heads`` is set. Heads are
-    contiguous in this layout; the interleaved heads of the PaddlePaddle document are a
-    permutation of the kernels' columns (see `multiattn.ops.split_heads`).
+    (H_kv, D)``, ``value_bias (H_kv, D_v)``, ``output_bias (*output_shape,)`` (the last
+    one follows ``use_output_bias`` when given; ``output_shape`` defaults to
+    ``(E_q,)``); with ``use_gate`` also ``gate`` ``(E_q, H, D_v)`` and ``(H, D_v)``. The
+    ``*_kernel``/``*_bias`` attributes are read-only views of the sublayers' weights.
+    ``H_kv = H`` unless ``num_key_value_heads`` is set. Heads are contiguous in this
+    layout; the interleaved heads of the PaddlePaddle document are a permutation of the
+    kernels' columns (see `multiattn.ops.split_heads`).
 
     Args (Keras' order):
         num_heads: number of heads ``H``.
@@ -348,7 +349,8 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_axes: the axes attention runs over (Keras' meaning), default all axes
             but the batch and the features; several axes attend as one flattened axis.
         sliding_window: each query attends the keys ``j`` with ``|i - j| < sliding_window``
-            (a symmetric band; with ``use_causal_mask`` the causal band).
+            (a symmetric band; with ``use_causal_mask``, or through the ``cache``, the causal
+            band: the query at position ``p`` sees ``p - sliding_window < j <= p``).
         flash_attention: Keras' switch. multiattn chooses its fused path itself; ``True``
             (or Keras' global ``enable_flash_attention``) keeps Keras' restrictions: no
             dropout, no attention scores.
@@ -366,7 +368,19 @@ class MultiHeadAttention(keras.layers.Layer):
             ``rotary``) to the projected queries and keys, for positions up to this
             many; None (default): no RoPE. Queries and keys are at positions ``0, 1, ...``
             (``cache_index, ...`` when decoding through the cache). ``key_dim`` must be even.
-        rotary_base: wavelength base of the rotary embedding.
+        rotary_base: wavelength base of the rotary embedding (``rope_theta``).
+        rotary_dim: rotate only the first ``rotary_dim`` features of each query and key
+            head (even, at most ``key_dim``; partial rotary as in GPT-NeoX and Phi); None
+            (default): all ``key_dim`` (then even).
+        rotary_interleaved: rotate feature pairs ``(2i, 2i + 1)`` instead of ``(i,
+            i + R/2)`` (see `RotaryEmbedding`).
+        rotary_scaling: frequency scaling of the rotary embedding, a dict as Hugging
+            Face's ``rope_scaling`` (``{"rope_type": "linear", "factor": f}`` or
+            ``{"rope_type": "llama3", ...}``, see `multiattn.ops.rotary_embedding`);
+            None (default): none.
+        use_output_bias: whether the output projection has a bias; None (default):
+            ``use_bias``. ``use_bias=True, use_output_bias=False`` gives biases on the
+            query, key and value projections only (as Qwen2 checkpoints have them).
 
     Call arguments (Keras'):
         query: ``(batch, queries, E_q)`` (or more axes with ``attention_axes``), floating
@@ -456,6 +470,10 @@ class MultiHeadAttention(keras.layers.Layer):
         num_key_value_heads: int | None = None,
         rotary_max_length: int | None = None,
         rotary_base: float = 10000.0,
+        rotary_dim: int | None = None,
+        rotary_interleaved: bool = False,
+        rotary_scaling: dict | None = None,
+        use_output_bias: bool | None = None,
         **kwargs: Any,
     ):
         where = self._WHERE
@@ -489,7 +507,12 @@ class MultiHeadAttention(keras.layers.Layer):
             raise TypeError(f"{where}: `use_bias` must be a bool; received {use_bias!r}.")
         if not isinstance(use_gate, bool):
             raise TypeError(f"{where}: `use_gate` must be a bool; received {use_gate!r}.")
+        if use_output_bias is not None and not isinstance(use_output_bias, bool):
+            raise TypeError(
+                f"{where}: `use_output_bias` must be a bool or None; received {use_output_bias!r}."
+            )
         self.use_bias = use_bias
+        self.use_output_bias = use_bias if use_output_bias is None else use_output_bias
         self.use_gate = use_gate
         self.dropout = check_rate(where, "dropout", dropout)
         self.attention_axes = _check_attention_axes(where, attention_axes)
@@ -522,15 +545,28 @@ class MultiHeadAttention(keras.layers.Layer):
             where, "rotary_max_length", rotary_max_length, allow_none=True
         )
         self.rotary_base = _check_base(where, rotary_base, "rotary_base")
+        self.rotary_dim = check_rotary_dim(where, rotary_dim, self.key_dim)
+        if not isinstance(rotary_interleaved, bool):
+            raise TypeError(
+                f"{where}: `rotary_interleaved` must be a bool; received {rotary_interleaved!r}."
+            )
+        self.rotary_interleaved = rotary_interleaved
+        self.rotary_scaling = check_rotary_scaling(where, rotary_scaling, "rotary_scaling")
         self.rotary = None
         if self.rotary_max_length is not None:
-            if self.key_dim % 2:
+            if self.rotary_dim is None and self.key_dim % 2:
                 raise ValueError(
-                    f"{where}: rotary position embedding needs an even `key_dim`; received "
-                    f"{key_dim}."
+                    f"{where}: rotary position embedding needs an even `key_dim` (or an "
+                    f"even `rotary_dim`); received {key_dim}."
                 )
             self.rotary = RotaryEmbedding(
-                self.rotary_max_length, rotary_base, name="rotary", dtype=self.dtype_policy
+                self.rotary_max_length,
+                rotary_base,
+                rotary_dim=self.rotary_dim,
+                interleaved=rotary_interleaved,
+                scaling=self.rotary_scaling,
+                name="rotary",
+                dtype=self.dtype_policy,
             )
         self._axes: tuple[int, ...] = (1,)
 
@@ -601,12 +637,15 @@ class MultiHeadAttention(keras.layers.Layer):
             dtype=self.dtype_policy,
         )
 
-    def _dense(self, name: str, rank: int, bound: int, out: tuple, activation=None) -> Any:
+    def _dense(
+        self, name: str, rank: int, bound: int, out: tuple, activation=None, use_bias=None
+    ) -> Any:
         equation, bias_axes = _proj_equation(rank - bound, bound, len(out))
+        use_bias = self.use_bias if use_bias is None else use_bias
         return keras.layers.EinsumDense(
             equation,
             output_shape=[None] * (rank - bound - 1) + list(out),
-            bias_axes=bias_axes if self.use_bias else None,
+            bias_axes=bias_axes if use_bias else None,
             activation=activation,
             name=name,
             **self._sublayer_kwargs(),
@@ -687,7 +726,9 @@ class MultiHeadAttention(keras.layers.Layer):
             self._gate_dense.build(qs)
         self._value_dense = self._dense("value", rank, 1, (hkv, dv))
         self._value_dense.build(vs)
-        self._output_dense = self._dense("attention_output", rank + 1, 2, out)
+        self._output_dense = self._dense(
+            "attention_output", rank + 1, 2, out, use_bias=self.use_output_bias
+        )
         self._output_dense.build((*qs[:-1], h, dv))
         if self.rotary is not None:
             self.rotary.build((None, None, h, d))
@@ -1063,32 +1104,37 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _attend_cache(self, ops, q, k_cache, v_cache, index, tokens, return_weights, training):
         """``(heads, weights or None)`` of the queries at positions ``index .. index +
-        tokens - 1`` over the cache, query ``i`` seeing the positions ``j <= index + i``.
+        tokens - 1`` over the cache, query ``i`` seeing the positions ``j <= index + i``
+        (and, with ``sliding_window``, only those less than the window behind it).
 
-        A known ``index`` attends over the filled prefix alone (``index + tokens`` keys,
-        causal bottom-right), so a step costs in proportion to the positions written, not
-        to the cache length; its weights are padded with the zeros of the unwritten
-        slots. A traced ``index`` attends over every slot with a mask."""
+        A known ``index`` attends over the filled prefix alone (``index + tokens`` keys),
+        so a step costs in proportion to the positions written, not to the cache length;
+        its weights are padded with the zeros of the unwritten slots. A traced ``index``
+        attends over every slot with a mask."""
         dtype = self.compute_dtype
         max_length = shape_of(k_cache)[1]
-        if isinstance(index, int):
-            filled = index + tokens
-            keys, values = (ops.cast(c[:, :filled], dtype) for c in (k_cache, v_cache))
-            result = self._attend(ops, q, keys, values, None, None, True, return_weights, training)
-            if not return_weights:
-                return result, None
-            heads, weights = result
-            if filled < max_length:
-                pad = ops.zeros_like(weights[..., :1])
-                pad = ops.broadcast_to(pad, (*shape_of(weights)[:-1], max_length - filled))
-                weights = ops.concatenate([weights, pad], axis=-1)
-            return heads, weights
-        positions = ops.expand_dims(ops.arange(tokens, dtype="int32") + index, 1)
-        keep = ops.less_equal(ops.arange(max_length, dtype="int32")[None, :], positions)
-        keep = ops.expand_dims(ops.expand_dims(keep, 0), 0)  # (1, 1, t, max_length)
-        keys, values = ops.cast(k_cache, dtype), ops.cast(v_cache, dtype)
-        result = self._attend(ops, q, keys, values, keep, None, False, return_weights, training)
-        return result if return_weights else (result, None)
+        filled = index + tokens if isinstance(index, int) else max_length
+        keys, values = (ops.cast(c[:, :filled], dtype) for c in (k_cache, v_cache))
+        keep = None
+        if not isinstance(index, int) or self.sliding_window is not None:
+            # Query i (position index + i) sees the slots j <= index + i (in the window).
+            positions = ops.expand_dims(ops.arange(tokens, dtype="int32") + index, 1)
+            slots = ops.arange(filled, dtype="int32")[None, :]
+            keep = ops.less_equal(slots, positions)
+            if self.sliding_window is not None:
+                keep = ops.logical_and(keep, ops.less(positions - slots, self.sliding_window))
+            keep = ops.expand_dims(ops.expand_dims(keep, 0), 0)  # (1, 1, t, filled)
+        causal = keep is None  # a known index: bottom-right causal over the prefix
+        result = self._attend(ops, q, keys, values, keep, None, causal, return_weights, training)
+        if not return_weights:
+            return result, None
+        heads, weights = result
+        if filled < max_length:
+            pad = ops.broadcast_to(
+                ops.zeros_like(weights[..., :1]), (*shape_of(weights)[:-1], max_length - filled)
+            )
+            weights = ops.concatenate([weights, pad], axis=-1)
+        return heads, weights
 
     def _cached_call(self, ops, query, cache, cache_index, return_weights, training):
         """Incremental causal self-attention through a fixed-size cache (see ``call``)."""
@@ -1483,6 +1529,10 @@ class MultiHeadAttention(keras.layers.Layer):
             "num_key_value_heads": self.num_key_value_heads,
             "rotary_max_length": self.rotary_max_length,
             "rotary_base": self.rotary_base,
+            "rotary_dim": self.rotary_dim,
+            "rotary_interleaved": self.rotary_interleaved,
+            "rotary_scaling": None if self.rotary_scaling is None else dict(self.rotary_scaling),
+            "use_output_bias": self.use_output_bias,
         }
 
 

@@ -16,7 +16,15 @@ from .._checks import (
     shape_of,
 )
 from .._namespace import get_ops
-from ..ops.rotary import _check_base, apply_rotary, compute_dtype, rotary_angles, rotary_table
+from ..ops.rotary import (
+    _check_base,
+    apply_rotary,
+    check_rotary_dim,
+    check_rotary_scaling,
+    compute_dtype,
+    rotary_angles,
+    rotary_table,
+)
 
 __all__ = ["RotaryEmbedding", "check_offset", "table_rows"]
 
@@ -82,18 +90,28 @@ def table_rows(ops: Any, table: Any, offset: Any, length: int, max_length: int) 
 class RotaryEmbedding(keras.layers.Layer):
     """Rotary position embedding (RoPE) of ``(batch, seq, heads, dim)`` queries or keys.
 
-    Features ``i`` and ``i + dim/2`` of the token at position ``offset + s`` are rotated by
-    the angle ``(offset + s) * base**(-2i/dim)`` (see `multiattn.ops.rotary_embedding`).
+    Features ``i`` and ``i + R/2`` (``R = rotary_dim``, default ``dim``; features ``2i`` and
+    ``2i + 1`` with ``interleaved``) of the token at position ``offset + s`` are rotated by
+    the angle ``(offset + s) * theta_i``, ``theta_i = base**(-2i/R)`` unless ``scaling``
+    rescales it; features past ``R`` pass through (see `multiattn.ops.rotary_embedding`).
     The angles are computed in float64 with NumPy and rounded to float32 (float64 under a
     float64 policy), so all backends agree bit for bit; float16/bfloat16 inputs are
     rotated in float32 and cast back. No weights.
 
     Args:
         max_length: number of positions (the longest ``offset + seq``).
-        base: wavelength base, 10000 in RoFormer.
+        base: wavelength base, 10000 in RoFormer (``rope_theta`` in Hugging Face configs).
+        rotary_dim: how many leading features of each head are rotated (even, at most
+            ``dim``); None (default): all of them.
+        interleaved: pair features ``(2i, 2i + 1)`` (RoFormer, GPT-J) instead of ``(i,
+            i + R/2)`` (GPT-NeoX, Llama; the default).
+        scaling: frequency scaling, a dict as Hugging Face's ``rope_scaling``: None,
+            ``{"rope_type": "linear", "factor": f}`` or ``{"rope_type": "llama3", ...}``
+            (see `multiattn.ops.rotary_embedding`).
 
     Call arguments:
-        x: ``(batch, seq, heads, dim)`` floating, ``dim`` even.
+        x: ``(batch, seq, heads, dim)`` floating, ``dim`` even (at least ``rotary_dim``
+            when given).
         offset: position of the first token: an int, a NumPy integer or an integer
             scalar tensor. A known value (eager tensors included) must satisfy
             ``0 <= offset`` and ``offset + seq <= max_length`` (``ValueError``
@@ -101,7 +119,7 @@ class RotaryEmbedding(keras.layers.Layer):
             once per backend and dtype (up to `TABLE_ENTRIES` angles; rows past them are
             computed for the call alone, so a huge offset costs what a small one does).
             A traced offset (``jax.jit`` / ``tf.function``, e.g. the cache index of a
-            compiled decoding step) reads rows of a ``(max_length, dim/2)`` table;
+            compiled decoding step) reads rows of a ``(max_length, R/2)`` table;
             positions outside ``[0, max_length)`` cannot raise there and come out as NaN
             (never as the rotation of a clamped position).
 
@@ -109,11 +127,24 @@ class RotaryEmbedding(keras.layers.Layer):
         ``(batch, seq, heads, dim)`` in the compute dtype.
     """
 
-    def __init__(self, max_length: int = 2048, base: float = 10000.0, **kwargs: Any):
+    def __init__(
+        self,
+        max_length: int = 2048,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        interleaved: bool = False,
+        scaling: dict | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         where = "RotaryEmbedding"
         self.max_length = check_positive_int(where, "max_length", max_length)
         self.base = _check_base(where, base)
+        self.rotary_dim = check_rotary_dim(where, rotary_dim, None)
+        if not isinstance(interleaved, bool):
+            raise TypeError(f"{where}: `interleaved` must be a bool; received {interleaved!r}.")
+        self.interleaved = interleaved
+        self.scaling = check_rotary_scaling(where, scaling)
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         # (framework, dim, dtype) -> cos/sin tensors of positions 0 .. rows - 1, made once
         self._tensor_tables: dict[tuple[str, int, str], tuple[Any, Any]] = {}
@@ -121,11 +152,19 @@ class RotaryEmbedding(keras.layers.Layer):
     def _check_x(self, shape: tuple) -> None:
         where = "RotaryEmbedding"
         check_rank(where, "x", shape, 4, 4)
-        if shape[-1] is None or shape[-1] % 2:
+        if shape[-1] is None or (self.rotary_dim is None and shape[-1] % 2):
             raise ValueError(
                 f"{where}: the last axis of `x` must be static and even; received "
                 f"{fmt_shape(shape)}."
             )
+        if self.rotary_dim is not None and shape[-1] < self.rotary_dim:
+            raise ValueError(
+                f"{where}: the last axis of `x` must hold at least rotary_dim="
+                f"{self.rotary_dim} features; received {fmt_shape(shape)}."
+            )
+
+    def _angles(self, positions: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        return rotary_angles(positions, dim, self.base, self.scaling)
 
     def build(self, input_shape):
         self._check_x(tuple(input_shape))
@@ -134,7 +173,7 @@ class RotaryEmbedding(keras.layers.Layer):
         """The float64 cos/sin tables ``(max_length, dim/2)``, built on first use (a
         traced offset)."""
         if dim not in self._tables:
-            self._tables[dim] = rotary_table(self.max_length, dim, self.base)
+            self._tables[dim] = rotary_table(self.max_length, dim, self.base, self.scaling)
         return self._tables[dim]
 
     def _table_rows(self, dim: int) -> int:
@@ -156,7 +195,7 @@ class RotaryEmbedding(keras.layers.Layer):
             if rows == self.max_length:
                 source = self._table(dim)
             else:
-                source = rotary_angles(np.arange(rows), dim, self.base)
+                source = self._angles(np.arange(rows), dim)
             tables = tuple(ops.convert_to_tensor(t.astype(wide), dtype=wide) for t in source)
             if any(ops.is_symbolic(t) for t in tables):
                 return None
@@ -175,7 +214,7 @@ class RotaryEmbedding(keras.layers.Layer):
             raise ValueError(
                 f"{where}: the sequence axis of `x` must be static; received {fmt_shape(shape)}."
             )
-        length, dim = shape[1], shape[-1]
+        length, dim = shape[1], self.rotary_dim or shape[-1]
         offset = check_offset(where, offset, length, self.max_length, ops)
         dtype = self.compute_dtype
         wide = compute_dtype(dtype)
@@ -186,7 +225,7 @@ class RotaryEmbedding(keras.layers.Layer):
             if tables is not None:
                 cos, sin = (t[offset : offset + length] for t in tables)
             else:
-                angles = rotary_angles(offset + np.arange(length), dim, self.base)
+                angles = self._angles(offset + np.arange(length), dim)
                 cos, sin = (ops.convert_to_tensor(t.astype(wide), dtype=wide) for t in angles)
         else:
             tables = None
@@ -197,10 +236,17 @@ class RotaryEmbedding(keras.layers.Layer):
                     ops.convert_to_tensor(t.astype(wide), dtype=wide) for t in self._table(dim)
                 )
             cos, sin = (table_rows(ops, t, offset, length, self.max_length) for t in tables)
-        return apply_rotary(ops, ops.cast(x, dtype), cos, sin)
+        return apply_rotary(ops, ops.cast(x, dtype), cos, sin, self.interleaved)
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self) -> dict:
-        return {**super().get_config(), "max_length": self.max_length, "base": self.base}
+        return {
+            **super().get_config(),
+            "max_length": self.max_length,
+            "base": self.base,
+            "rotary_dim": self.rotary_dim,
+            "interleaved": self.interleaved,
+            "scaling": None if self.scaling is None else dict(self.scaling),
+        }

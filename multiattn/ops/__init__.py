@@ -4,18 +4,22 @@ Shapes: scores are ``(batch, ..., queries, keys)``; masks are bool with True = m
 attend; valid lengths are ``(batch,)`` or ``(batch, queries)``.
 """
 
+from .activations import ACTIVATIONS, activation
 from .attention import scaled_dot_product_attention, score_attention
 from .heads import HEAD_LAYOUTS, merge_heads, split_heads
 from .masking import causal_mask, combine_masks, masked_softmax, valid_lens_to_mask
 from .normalization import RMS_NORM_EPSILON, layer_norm, rms_norm
 from .positional import PE_LAYOUTS, sinusoidal_encoding
-from .rotary import rotary_embedding, rotary_table
+from .rotary import ROTARY_SCALINGS, rotary_embedding, rotary_frequencies, rotary_table
 from .scoring import additive_scores, dot_scores, general_scores, scaled_dot_scores
 
 __all__ = [
+    "ACTIVATIONS",
     "HEAD_LAYOUTS",
     "PE_LAYOUTS",
     "RMS_NORM_EPSILON",
+    "ROTARY_SCALINGS",
+    "activation",
     "additive_scores",
     "causal_mask",
     "combine_masks",
@@ -26,6 +30,7 @@ __all__ = [
     "merge_heads",
     "rms_norm",
     "rotary_embedding",
+    "rotary_frequencies",
     "rotary_table",
     "scaled_dot_product_attention",
     "scaled_dot_scores",

@@ -3,6 +3,8 @@ Paddle tensors against the float64 oracle."""
 
 from __future__ import annotations
 
+import math
+
 import keras
 import ml_dtypes
 import numpy as np
@@ -326,6 +328,15 @@ def test_unary_float_ops(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_erf(dtype):
+    """Floating inputs only: the core takes erf of floats (the GELU), and Keras' numpy
+    backend returns integers for integer inputs. Own generator: the module's feeds the
+    tests after this one."""
+    data = np.random.default_rng(5).standard_normal((3, 4)) * 2
+    compare("erf", data.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
 def test_exp_underflows_to_exactly_zero(dtype):
     """Paddle's vectorised exp returns a denormal floor where the result underflows (also
     for -inf): the namespace flushes it to 0, so masked exponentials are exactly 0."""
@@ -558,6 +569,7 @@ def test_einsum_fallback_errors():
 COND = np.array([[True, False, True, True], [False, True, True, False], [True, True, False, True]])
 GRAD_CASES = {
     "tanh": (lambda ns, x: ns.tanh(x), np.tanh),
+    "erf": (lambda ns, x: ns.erf(x), np.vectorize(math.erf)),
     "exp": (lambda ns, x: ns.exp(x), np.exp),
     "softmax": (
         lambda ns, x: ns.softmax(x, axis=-1),

@@ -1,0 +1,312 @@
+"""Decoder-only Transformer block (GPT-2, Llama, Qwen2, Mistral): causal self-attention
+and a feed-forward network, with incremental decoding through a key/value cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from .._checks import check_flag, check_float, check_positive_int, check_rate, describe
+from .._namespace import get_ops
+from ..ops.activations import check_activation
+from ..ops.normalization import check_epsilon
+from ._base import (
+    as_mask,
+    block_initializers,
+    check_input_width,
+    check_layer_seed,
+    static_width,
+    sublayer_initializers,
+)
+from .feed_forward import FeedForward
+from .multi_head import MultiHeadAttention
+from .normalization import LayerNormalization, RMSNormalization
+
+__all__ = ["NORMS", "TransformerDecoderOnlyLayer"]
+
+#: The normalisations of `TransformerDecoderOnlyLayer`: ``"layer"`` (LayerNorm, with
+#: scale and offset: GPT-2) and ``"rms"`` (RMSNorm, scale only: Llama, Qwen2, Mistral).
+NORMS = ("layer", "rms")
+
+
+def _check_bool(where: str, name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: `{name}` must be a bool; received {describe(value)}.")
+    return value
+
+
+@keras.saving.register_keras_serializable(package="multiattn")
+class TransformerDecoderOnlyLayer(keras.layers.Layer):
+    """One block of a decoder-only language model: causal self-attention and a
+    feed-forward network, each with a residual connection and a normalisation. There is
+    no cross-attention (for an encoder-decoder block see `TransformerDecoderLayer`).
+
+    Pre-norm (``norm_first=True``: GPT-2, Llama, Qwen2, Mistral)::
+
+        h = x + dropout_1(self_attention(norm_1(x), causal))
+        y = h + dropout_2(ffn(norm_2(h)))
+
+    Post-norm (``norm_first=False``, the default, as `TransformerDecoderLayer`)::
+
+        h = norm_1(x + dropout_1(self_attention(x, causal)))
+        y = norm_2(h + dropout_2(ffn(h)))
+
+    Positions: rotary embedding inside the attention (``rotary_max_length`` and the
+    ``rotary_*`` options), or none (GPT-2 adds learned positions to the embeddings before
+    the first block, e.g. with `PositionEmbedding`). A final normalisation after the last
+    block is the model's, not the block's.
+
+    Sublayers: ``self_attention`` (`MultiHeadAttention`: ``query``, ``key``, ``value``,
+    ``attention_output``), ``ffn`` (`FeedForward`: ``gate`` (gated only), ``up``,
+    ``down``), ``norm_1``, ``norm_2`` (`LayerNormalization` with ``gamma`` and ``beta``,
+    or `RMSNormalization` with ``scale``), ``dropout_1``, ``dropout_2``.
+
+    Args:
+        d_model: model width (``hidden_size``).
+        num_heads: query heads.
+        dff: hidden width of the feed-forward network (``intermediate_size``).
+        rate: dropout rate after the attention and the feed-forward network (training
+            only); default 0.1 as the other blocks.
+        norm: ``"layer"`` (default) or ``"rms"`` (see `NORMS`).
+        norm_first: pre-norm instead of post-norm (default False).
+        epsilon: epsilon of both normalisations, a positive float (default 1e-6;
+            GPT-2 uses 1e-5, Llama 1e-5 or 1e-6: read ``layer_norm_epsilon`` /
+            ``rms_norm_eps`` from the checkpoint's config).
+        activation: feed-forward activation, one of `multiattn.ops.ACTIVATIONS` (default
+            ``"relu"``; GPT-2: ``"gelu_new"``; Llama, Qwen2, Mistral: ``"silu"`` with
+            ``gated=True``).
+        gated: gated feed-forward network (SwiGLU / GeGLU, see `FeedForward`).
+        num_key_value_heads: key/value heads (grouped-query attention); None: ``num_heads``.
+        head_dim: per-head width of queries, keys and values; None (default): ``d_model
+            // num_heads`` (``d_model`` must then be divisible by ``num_heads``).
+        attention_bias: biases on the query, key and value projections (GPT-2 and Qwen2:
+            True; Llama and Mistral: False). Default True.
+        output_bias: bias on the attention output projection (GPT-2: True; Qwen2, Llama,
+            Mistral: False). Default True.
+        ffn_bias: biases in the feed-forward projections (GPT-2: True; Llama: False).
+            Default True.
+        rotary_max_length: rotary position embedding in the attention for positions up to
+            this many; None (default): no positions inside the block.
+        rotary_base, rotary_dim, rotary_interleaved, rotary_scaling: the rotary options of
+            `MultiHeadAttention` (base ``rope_theta``; rotated features per head; pairs
+            ``(2i, 2i + 1)``; Hugging Face style ``rope_scaling`` dict).
+        sliding_window: each position attends only to itself and the ``sliding_window
+            - 1`` positions before it (Mistral), in the full pass and through the cache;
+            None (default): all earlier positions.
+        seed: int seed for the dropout layers.
+        kernel_initializer, bias_initializer: Keras initializers of every projection (each
+            sublayer gets its own copy). Defaults ``glorot_uniform`` and ``zeros``.
+        **kwargs: ``keras.layers.Layer`` arguments (``name``, ``dtype``, ...).
+
+    Call arguments:
+        x: ``(batch, seq, d_model)`` floating (the embedded tokens, or the previous
+            block's output).
+        mask: extra mask of the self-attention, ANDed with the causal mask (full pass
+            only): bool, True = may attend (or integer, non-zero = may attend),
+            broadcastable to ``(batch, seq, seq)`` or ``(batch, heads, seq, seq)``; e.g.
+            ``padding[:, None, :]`` for a ``(batch, seq)`` padding mask.
+        cache, cache_index: incremental decoding, as `TransformerDecoderLayer`: ``cache``
+            from `init_cache`, ``x`` holds the tokens at positions ``cache_index ..
+            cache_index + seq - 1``; ``cache_index`` is an int, a NumPy integer or an
+            integer scalar tensor (traced under ``jax.jit`` / ``tf.function`` too; see
+            `MultiHeadAttention` for out-of-range indices).
+        training: enables dropout: a bool or None.
+
+    Returns:
+        ``(batch, seq, d_model)`` in the compute dtype; with ``cache``, ``(output,
+        new_cache)``. Feeding a sequence through the cache, token by token or in chunks,
+        gives the outputs of one full causal pass.
+
+    Raises:
+        TypeError: a flag not a bool, ``activation`` not a string, ``x`` not floating.
+        ValueError: a size not a positive int, ``d_model`` not divisible by ``num_heads``
+            (without ``head_dim``), an unknown ``norm`` or ``activation``, a bad rotary
+            option (named as `MultiHeadAttention` names it), ``x`` of another width.
+    """
+
+    _WHERE = "TransformerDecoderOnlyLayer"
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dff: int,
+        rate: float = 0.1,
+        norm: str = "layer",
+        norm_first: bool = False,
+        epsilon: float = 1e-6,
+        activation: str = "relu",
+        gated: bool = False,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        attention_bias: bool = True,
+        output_bias: bool = True,
+        ffn_bias: bool = True,
+        rotary_max_length: int | None = None,
+        rotary_base: float = 10000.0,
+        rotary_dim: int | None = None,
+        rotary_interleaved: bool = False,
+        rotary_scaling: dict | None = None,
+        sliding_window: int | None = None,
+        seed: int | None = None,
+        kernel_initializer: Any = "glorot_uniform",
+        bias_initializer: Any = "zeros",
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        where = self._WHERE
+        self.d_model = check_positive_int(where, "d_model", d_model)
+        self.num_heads = check_positive_int(where, "num_heads", num_heads)
+        self.dff = check_positive_int(where, "dff", dff)
+        self.head_dim = check_positive_int(where, "head_dim", head_dim, allow_none=True)
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f"{where}: `d_model` ({d_model}) must be divisible by `num_heads` "
+                f"({num_heads}), or give `head_dim`."
+            )
+        self.rate = check_rate(where, "rate", rate)
+        if norm not in NORMS:
+            raise ValueError(f"{where}: `norm` must be one of {NORMS}; received {norm!r}.")
+        self.norm = norm
+        self.norm_first = _check_bool(where, "norm_first", norm_first)
+        self.epsilon = check_epsilon(where, epsilon)
+        self.activation = check_activation(where, activation)
+        self.gated = _check_bool(where, "gated", gated)
+        self.attention_bias = _check_bool(where, "attention_bias", attention_bias)
+        self.output_bias = _check_bool(where, "output_bias", output_bias)
+        self.ffn_bias = _check_bool(where, "ffn_bias", ffn_bias)
+        self.seed = seed = check_layer_seed(where, seed)
+        self.kernel_initializer, self.bias_initializer = block_initializers(
+            where, kernel_initializer, bias_initializer
+        )
+        self.supports_masking = True
+        dtype = self.dtype_policy
+        # MultiHeadAttention validates (and names) the attention and rotary options.
+        self.self_attention = MultiHeadAttention(
+            self.num_heads,
+            self.head_dim or self.d_model // self.num_heads,
+            use_bias=self.attention_bias,
+            use_output_bias=self.output_bias,
+            output_shape=self.d_model,
+            sliding_window=sliding_window,
+            num_key_value_heads=num_key_value_heads,
+            rotary_max_length=rotary_max_length,
+            rotary_base=rotary_base,
+            rotary_dim=rotary_dim,
+            rotary_interleaved=rotary_interleaved,
+            rotary_scaling=rotary_scaling,
+            name="self_attention",
+            dtype=dtype,
+            **sublayer_initializers(self),
+        )
+        attention = self.self_attention
+        self.num_key_value_heads = attention.num_key_value_heads
+        self.sliding_window = attention.sliding_window
+        self.rotary_max_length = attention.rotary_max_length
+        self.rotary_base = attention.rotary_base
+        self.rotary_dim = attention.rotary_dim
+        self.rotary_interleaved = attention.rotary_interleaved
+        self.rotary_scaling = attention.rotary_scaling
+        self.ffn = FeedForward(
+            self.dff,
+            activation=self.activation,
+            gated=self.gated,
+            use_bias=self.ffn_bias,
+            name="ffn",
+            dtype=dtype,
+            **sublayer_initializers(self),
+        )
+        norm_class = LayerNormalization if norm == "layer" else RMSNormalization
+        self.norm_1 = norm_class(epsilon=self.epsilon, name="norm_1", dtype=dtype)
+        self.norm_2 = norm_class(epsilon=self.epsilon, name="norm_2", dtype=dtype)
+        seeds = [None if seed is None else seed + i for i in range(2)]
+        self.dropout_1, self.dropout_2 = (
+            keras.layers.Dropout(self.rate, seed=s, name=f"dropout_{i + 1}", dtype=dtype)
+            for i, s in enumerate(seeds)
+        )
+
+    def build(self, x_shape):
+        where = self._WHERE
+        width = static_width(where, "x", x_shape)
+        if width != self.d_model:
+            raise ValueError(
+                f"{where}: `x` must have width d_model={self.d_model}; received shape "
+                f"{tuple(x_shape)}."
+            )
+        shape = tuple(x_shape)
+        self.self_attention.build(shape, shape)
+        self.norm_1.build(shape)
+        self.norm_2.build(shape)
+        self.ffn.build(shape)
+
+    def init_cache(self, batch_size: int, max_length: int, dtype: str | None = None):
+        """An empty self-attention cache for ``max_length`` positions: zeros ``(batch_size,
+        max_length, H_kv, head_dim)`` for keys and for values (see
+        `MultiHeadAttention.init_cache`). Pass it as ``cache`` with ``cache_index=0``."""
+        return self.self_attention.init_cache(batch_size, max_length, dtype)
+
+    def call(self, x, *, mask=None, cache=None, cache_index=None, training=None):
+        where = self._WHERE
+        check_input_width(where, "x", x, self.d_model)
+        ops = get_ops(x)
+        check_float(where, "x", x, ops)
+        training = check_flag(where, "training", training, ops, allow_none=True)
+        mask = as_mask(where, "mask", mask)
+        if cache is not None and mask is not None:
+            raise ValueError(f"{where}: `mask` cannot be combined with `cache`.")
+        if cache is None and cache_index is not None:
+            raise ValueError(f"{where}: `cache_index` is only meaningful with `cache`.")
+        new_cache = None
+
+        def attend(h):
+            nonlocal new_cache
+            if cache is None:
+                return self.self_attention(h, h, mask=mask, causal=True, training=training)
+            out, new_cache = self.self_attention(
+                h, cache=cache, cache_index=cache_index, training=training
+            )
+            return out
+
+        if self.norm_first:
+            h = x + self.dropout_1(attend(self.norm_1(x)), training=training)
+            y = h + self.dropout_2(self.ffn(self.norm_2(h)), training=training)
+        else:
+            h = self.norm_1(x + self.dropout_1(attend(x), training=training))
+            y = self.norm_2(h + self.dropout_2(self.ffn(h), training=training))
+        return (y, new_cache) if cache is not None else y
+
+    def compute_output_shape(self, x_shape):
+        return x_shape
+
+    def compute_mask(self, inputs, mask=None):
+        return None
+
+    def get_config(self) -> dict:
+        scaling = self.rotary_scaling
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "dff": self.dff,
+            "rate": self.rate,
+            "norm": self.norm,
+            "norm_first": self.norm_first,
+            "epsilon": self.epsilon,
+            "activation": self.activation,
+            "gated": self.gated,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "attention_bias": self.attention_bias,
+            "output_bias": self.output_bias,
+            "ffn_bias": self.ffn_bias,
+            "rotary_max_length": self.rotary_max_length,
+            "rotary_base": self.rotary_base,
+            "rotary_dim": self.rotary_dim,
+            "rotary_interleaved": self.rotary_interleaved,
+            "rotary_scaling": None if scaling is None else dict(scaling),
+            "sliding_window": self.sliding_window,
+            "seed": self.seed,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        }
