@@ -16,6 +16,7 @@ from .._checks import (
     fmt_shape,
     shape_of,
 )
+from .._namespace import get_ops
 
 
 def static_width(where: str, name: str, shape: Any, rank: int = 3) -> int:
@@ -63,6 +64,46 @@ def get_initializer(where: str, name: str, value: Any) -> Any:
         return keras.initializers.get(value)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{where}: unknown `{name}` {describe(value)}.") from err
+
+
+try:  # Keras keeps a tensor's mask beside the tensor where it cannot be an attribute (JAX)
+    from keras.src.backend import get_keras_mask as _get_keras_mask
+except ImportError:  # pragma: no cover - other Keras layouts
+
+    def _get_keras_mask(x: Any) -> Any:
+        return getattr(x, "_keras_mask", None)
+
+
+def keras_mask_of(x: Any) -> Any:
+    """The Keras mask a tensor carries (``Embedding(mask_zero=True)`` and friends), or
+    None."""
+    if x is None or not hasattr(x, "shape"):
+        return None
+    try:
+        return _get_keras_mask(x)
+    except (AttributeError, TypeError):
+        return None
+
+
+def call_sublayer(layer: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+    """``layer(x, *args, **kwargs)``, calling ``layer.call`` directly where Keras'
+    ``__call__`` would change nothing: a built, unquantized layer without an activity
+    regularizer, called eagerly on a tensor already in its compute dtype that carries no
+    Keras mask. Keras' per-call bookkeeping (argument binding, autocast and name scopes,
+    mask and loss tracking) costs more than the tensor work of a decoding step of a small
+    model; symbolic and traced calls (functional models, ``jax.jit``, ``tf.function``)
+    always go through ``__call__``."""
+    if (
+        layer.built
+        and getattr(layer, "quantization_mode", None) is None
+        and getattr(layer, "activity_regularizer", None) is None
+        and hasattr(x, "dtype")
+        and keras.backend.standardize_dtype(x.dtype) == layer.compute_dtype
+        and not get_ops(x).is_symbolic(x)
+        and keras_mask_of(x) is None
+    ):
+        return layer.call(x, *args, **kwargs)
+    return layer(x, *args, **kwargs)
 
 
 def fresh_initializer(init: Any) -> Any:

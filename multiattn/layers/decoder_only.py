@@ -14,6 +14,7 @@ from ..ops.normalization import check_epsilon
 from ._base import (
     as_mask,
     block_initializers,
+    call_sublayer,
     check_input_width,
     check_layer_seed,
     static_width,
@@ -263,17 +264,23 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
             nonlocal new_cache
             if cache is None:
                 return self.self_attention(h, h, mask=mask, causal=True, training=training)
-            out, new_cache = self.self_attention(
-                h, cache=cache, cache_index=cache_index, training=training
+            out, new_cache = call_sublayer(
+                self.self_attention, h, cache=cache, cache_index=cache_index, training=training
             )
             return out
 
+        def drop(dropout, h):
+            return h if self.rate == 0 else dropout(h, training=training)
+
+        def run(layer, h):
+            return call_sublayer(layer, h)
+
         if self.norm_first:
-            h = x + self.dropout_1(attend(self.norm_1(x)), training=training)
-            y = h + self.dropout_2(self.ffn(self.norm_2(h)), training=training)
+            h = x + drop(self.dropout_1, attend(run(self.norm_1, x)))
+            y = h + drop(self.dropout_2, run(self.ffn, run(self.norm_2, h)))
         else:
-            h = self.norm_1(x + self.dropout_1(attend(x), training=training))
-            y = self.norm_2(h + self.dropout_2(self.ffn(h), training=training))
+            h = run(self.norm_1, x + drop(self.dropout_1, attend(x)))
+            y = run(self.norm_2, h + drop(self.dropout_2, run(self.ffn, h)))
         return (y, new_cache) if cache is not None else y
 
     def compute_output_shape(self, x_shape):

@@ -10,7 +10,7 @@ from .._checks import check_float, check_positive_int
 from .._namespace import get_ops
 from ..ops.activations import activation as apply_activation
 from ..ops.activations import check_activation
-from ._base import block_initializers, static_width, sublayer_initializers
+from ._base import block_initializers, call_sublayer, static_width, sublayer_initializers
 
 __all__ = ["FeedForward"]
 
@@ -118,12 +118,12 @@ class FeedForward(keras.layers.Layer):
                 f"{where}: `x` must have width {self._width} (the width the layer was built "
                 f"with); received shape {tuple(x.shape)}."
             )
-        hidden = self.up(x)
+        hidden = call_sublayer(self.up, x)
         if self.gate is not None:
-            hidden = apply_activation(self.gate(x), self.activation) * hidden
+            hidden = apply_activation(call_sublayer(self.gate, x), self.activation) * hidden
         else:
             hidden = apply_activation(hidden, self.activation)
-        return self.down(hidden)
+        return call_sublayer(self.down, hidden)
 
     def compute_output_shape(self, input_shape):
         shape = tuple(input_shape)

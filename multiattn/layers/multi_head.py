@@ -27,9 +27,11 @@ from ..ops.blockwise import block_keep, lens_rank4, split_masks
 from ..ops.rotary import _check_base, check_rotary_dim, check_rotary_scaling
 from ._base import (
     as_mask,
+    call_sublayer,
     check_layer_seed,
     fresh_initializer,
     get_initializer,
+    keras_mask_of,
     seed_generator,
 )
 from .rotary import RotaryEmbedding, check_offset
@@ -37,24 +39,14 @@ from .rotary import RotaryEmbedding, check_offset
 __all__ = ["MultiHeadAttention"]
 
 try:  # Keras keeps a tensor's mask beside the tensor where it cannot be an attribute (JAX)
-    from keras.src.backend import get_keras_mask as _get_keras_mask
     from keras.src.backend import set_keras_mask as _set_keras_mask
 except ImportError:  # pragma: no cover - other Keras layouts
-
-    def _get_keras_mask(x: Any) -> Any:
-        return getattr(x, "_keras_mask", None)
 
     def _set_keras_mask(x: Any, mask: Any) -> None:
         x._keras_mask = mask
 
 
-def _keras_mask_of(x: Any) -> Any:
-    if x is None or not hasattr(x, "shape"):
-        return None
-    try:
-        return _get_keras_mask(x)
-    except (AttributeError, TypeError):
-        return None
+_keras_mask_of = keras_mask_of
 
 
 def _clear_keras_mask(x: Any) -> None:
@@ -784,7 +776,10 @@ class MultiHeadAttention(keras.layers.Layer):
     def _rotate(self, q: Any, k: Any, q_offset: Any = 0, k_offset: Any = 0) -> tuple[Any, Any]:
         if self.rotary is None:
             return q, k
-        return self.rotary(q, offset=q_offset), self.rotary(k, offset=k_offset)
+        return (
+            call_sublayer(self.rotary, q, offset=q_offset),
+            call_sublayer(self.rotary, k, offset=k_offset),
+        )
 
     # -- attention ---------------------------------------------------------------------------
 
