@@ -23,7 +23,7 @@ from typing import Any
 
 from .._checks import HALF_DTYPES, check_float, check_scale, fmt_shape, shape_of
 from .._namespace import get_ops
-from ..ops import blockwise
+from ..ops import blockwise, masking
 from ..ops.masking import check_valid_lens
 
 __all__ = ["ring_attention"]
@@ -141,8 +141,7 @@ def ring_attention(
         raise ValueError(
             f"{_WHERE}: `batch_axis` and `seq_axis` must differ; both are {seq_axis!r}."
         )
-    if not isinstance(causal, bool):
-        raise TypeError(f"{_WHERE}: `causal` must be a bool; received {causal!r}.")
+    causal = masking.check_causal(_WHERE, causal)
     ops = get_ops()
     query, key, value = (jax.numpy.asarray(t) for t in (query, key, value))
     dtypes = {
@@ -224,19 +223,14 @@ def _ring(
         # q: (B, bq, H, D), k: (B, bk, H, D), v: (B, bk, H, Dv): this device's blocks.
         idx = jax.lax.axis_index(seq_axis)
         bq, bk = shape_of(q)[1], shape_of(k)[1]
-        q_pos = ops.expand_dims(idx * bq + ops.arange(bq, dtype="int32"), 1)  # (bq, 1)
-        lens4 = blockwise.lens_rank4(ops, lens)  # (B, 1, 1, 1) or (B, 1, bq, 1)
+        q_pos = idx * bq + ops.arange(bq, dtype="int32")  # (bq,)
+        lens4 = masking.lens_rank4(ops, lens)  # (B, 1, 1, 1) or (B, 1, bq, 1)
         q = q * scale
         state = None
         for step in range(n):
             src = (idx - step) % n  # the device whose keys and values this device holds
             k_pos = src * bk + ops.arange(bk, dtype="int32")  # (bk,)
-            keep = None
-            if causal:
-                keep = ops.less_equal(ops.expand_dims(k_pos, 0), q_pos + offset)
-            if lens4 is not None:
-                in_len = ops.less(k_pos, lens4)
-                keep = in_len if keep is None else ops.logical_and(keep, in_len)
+            keep = masking.position_keep(ops, q_pos, k_pos, lens4, causal=causal, offset=offset)
             scores = ops.einsum("bqhd,bkhd->bhqk", q, k)
             state = blockwise._step(ops, state, scores, keep, v)
             if step < n - 1:

@@ -23,7 +23,15 @@ from .._checks import (
 )
 from .._namespace import get_ops
 from ..ops.attention import attend
-from ..ops.blockwise import block_keep, lens_rank4, split_masks
+from ..ops.masking import (
+    block_keep,
+    keras_keep,
+    lens_rank4,
+    split_masks,
+    top_left_keep,
+    truthy_keep,
+    window_keep,
+)
 from ..ops.rotary import _check_base, check_rotary_dim, check_rotary_scaling
 from ._base import (
     as_mask,
@@ -223,72 +231,12 @@ def _length(ops: Any, x: Any, axis: int) -> Any:
     return s if s is not None else ops.shape(x)[axis]
 
 
-def _top_left_keep(ops: Any, tq: Any, tk: Any) -> Any:
-    """``(1, Tq, Tk)``: query ``i`` may attend key ``j`` iff ``j <= i`` (Keras' causal
-    mask, aligned top-left)."""
-    rows = ops.expand_dims(ops.arange(tq, dtype="int32"), 1)
-    cols = ops.expand_dims(ops.arange(tk, dtype="int32"), 0)
-    return ops.expand_dims(ops.less_equal(cols, rows), 0)
-
-
-def _window_keep(ops: Any, tq: Any, tk: Any, window: int) -> Any:
-    """``(1, Tq, Tk)``: ``|i - j| < window`` (Keras' symmetric sliding window)."""
-    rows = ops.expand_dims(ops.arange(tq, dtype="int32"), 1)
-    cols = ops.expand_dims(ops.arange(tk, dtype="int32"), 0)
-    return ops.expand_dims(ops.less(ops.abs(rows - cols), window), 0)
-
-
-def _truthy(ops: Any, where: str, name: str, mask: Any) -> Any:
-    """A Keras attention mask as bool: bool as is, numbers non-zero = may attend (Keras
-    casts with ``ops.cast(mask, "bool")``)."""
-    if isinstance(mask, np.ndarray):
-        if mask.dtype.kind not in "biuf":
-            raise TypeError(
-                f"{where}: `{name}` must be boolean or numeric (non-zero = may attend); "
-                f"received {describe(mask)}."
-            )
-        return mask if mask.dtype == bool else mask != 0
-    dtype = ops.dtype_name(mask)
-    if dtype == "bool":
-        return mask
-    if dtype.startswith(("int", "uint", "float", "bfloat")):
-        return ops.not_equal(mask, ops.cast(0, dtype))
-    raise TypeError(
-        f"{where}: `{name}` must be boolean or numeric (non-zero = may attend); received "
-        f"dtype {dtype}."
-    )
-
-
 def _keras_rule(
     ops: Any, where: str, name: str, mask: Any, scores_shape: tuple, n_axes: int
 ) -> Any:
-    """``mask`` aligned with the scores ``(batch, <other axes>, heads, <query attention
-    axes>, <key attention axes>)`` as Keras aligns it: axes are inserted before the last
-    ``2 * n_axes`` (the heads axis first) until the ranks agree; then it must broadcast.
-    Returns a bool tensor of the scores' rank."""
-    mask = as_mask(where, name, mask)
-    ms = shape_of(mask)
-    rank = len(scores_shape)
-    if len(ms) > rank:
-        raise ValueError(
-            f"{where}: `{name}` of shape {fmt_shape(ms)} has more axes than the attention "
-            f"scores {fmt_shape(scores_shape)} (batch, heads, queries, keys)."
-        )
-    padded = list(ms)
-    while len(padded) < rank:
-        padded.insert(max(len(padded) - 2 * n_axes, 0), 1)
-    if not all(p == 1 or p is None or t is None or p == t for p, t in zip(padded, scores_shape)):
-        raise ValueError(
-            f"{where}: `{name}` of shape {fmt_shape(ms)} does not broadcast to the attention "
-            f"scores {fmt_shape(scores_shape)} (batch, heads, queries, keys; a mask without "
-            "the heads axis, such as (batch, queries, keys), gets it inserted)."
-        )
-    keep = _truthy(ops, where, name, mask)
-    if isinstance(keep, np.ndarray):
-        return keep.reshape(padded)
-    while len(shape_of(keep)) < rank:
-        keep = ops.expand_dims(keep, max(len(shape_of(keep)) - 2 * n_axes, 0))
-    return keep
+    """`multiattn.ops.masking.keras_keep` of ``mask`` given as a tensor, an array or a
+    nested list."""
+    return keras_keep(ops, where, name, as_mask(where, name, mask), scores_shape, n_axes)
 
 
 def _skip_one_load(layer: Any) -> Any:
@@ -852,10 +800,10 @@ class MultiHeadAttention(keras.layers.Layer):
             if top_left and not causal and tq is not None and tq == tk:
                 causal = True  # as many queries as keys: top-left is bottom-right
             elif top_left:
-                keep = _and(ops, keep, _rank4(ops, _top_left_keep(ops, *self._lengths(ops, q, k))))
+                keep = _and(ops, keep, _rank4(ops, top_left_keep(ops, *self._lengths(ops, q, k))))
             if window is not None:
                 keep = _and(
-                    ops, keep, _rank4(ops, _window_keep(ops, *self._lengths(ops, q, k), window))
+                    ops, keep, _rank4(ops, window_keep(ops, *self._lengths(ops, q, k), window))
                 )
             result = self._attend(ops, q, k, v, keep, lens, causal, return_weights, training)
             return result if return_weights else (result, None)
@@ -893,9 +841,9 @@ class MultiHeadAttention(keras.layers.Layer):
         scores = self._scores_shape(q, k)
         extra = [None]
         if top_left:
-            extra.append(_top_left_keep(ops, qs[1], ks[1]))
+            extra.append(top_left_keep(ops, qs[1], ks[1]))
         if window is not None:
-            extra.append(_window_keep(ops, qs[1], ks[1], window))
+            extra.append(window_keep(ops, qs[1], ks[1], window))
         for m in extra[1:]:
             keep = _and(ops, keep, _keras_rule(ops, where, "use_causal_mask", m, scores, len(axes)))
         perm = [0, *rest, *axes, n + 1, n + 2]
@@ -1362,7 +1310,7 @@ class MultiHeadAttention(keras.layers.Layer):
                               ("key_mask", k_mask, -2)):  # fmt: skip
             if m is None:
                 continue
-            m = _truthy(ops, where, name, as_mask(where, name, m))
+            m = truthy_keep(ops, where, name, as_mask(where, name, m))
             auto = _and(ops, auto, ops.expand_dims(m, axis))
         if auto is not None:
             keep = _keras_rule(ops, where, "the inputs' Keras masks", auto, scores, n)
@@ -1394,16 +1342,16 @@ class MultiHeadAttention(keras.layers.Layer):
             sizes = (tq, tk)
             keep = block_keep(ops, keep, lens_rank4(ops, lens), causal, sizes)
             if top_left:
-                keep = _and(ops, keep, _rank4(ops, _top_left_keep(ops, tq, tk)))
+                keep = _and(ops, keep, _rank4(ops, top_left_keep(ops, tq, tk)))
             if window is not None:
-                keep = _and(ops, keep, _rank4(ops, _window_keep(ops, tq, tk, window)))
+                keep = _and(ops, keep, _rank4(ops, window_keep(ops, tq, tk, window)))
             return keep
         scores = self._scores_shape(q, k)
         qs, ks = shape_of(q), shape_of(k)
-        for flag, make in ((top_left, _top_left_keep), (window is not None, None)):
+        for flag, make in ((top_left, top_left_keep), (window is not None, None)):
             if not flag:
                 continue
-            m = make(ops, qs[1], ks[1]) if make else _window_keep(ops, qs[1], ks[1], window)
+            m = make(ops, qs[1], ks[1]) if make else window_keep(ops, qs[1], ks[1], window)
             keep = _and(
                 ops, keep, _keras_rule(ops, self._WHERE, "mask", m, scores, len(self._axes))
             )

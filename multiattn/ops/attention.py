@@ -16,6 +16,10 @@ implementation of the math with two execution paths:
 All give the same result, fully masked rows included: such rows are all-zero weights
 and a zero output.
 
+Which path a call takes is decided once per call, without touching a tensor, by
+`multiattn.ops.plan.plan_attention` from an `multiattn.ops.plan.AttentionSpec` of the
+call; the paths below follow the `multiattn.ops.plan.AttentionPlan` it returns.
+
 Grouped-query attention (fewer key/value heads than query heads, multi-query attention
 with one) keeps the key/value heads grouped: the explicit path contracts the queries of
 each group, ``(B, H_kv, G * Tq, D)``, with their one key/value head ``(B, H_kv, Tk, D)``,
@@ -27,8 +31,9 @@ head) and for the blockwise path.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import config, tuning
 from .._checks import (
@@ -45,8 +50,15 @@ from .._checks import (
     to_tensor,
 )
 from .._namespace import get_ops
-from . import blockwise, blockwise_grad
-from .masking import combine_keep, softmax_where
+from . import blockwise, blockwise_grad, plan
+from .masking import (
+    block_keep,
+    combine_keep,
+    lens_rank4,
+    rows_attending,
+    softmax_where,
+    split_masks,
+)
 
 __all__ = ["attend", "repeat_kv_heads", "scaled_dot_product_attention", "score_attention"]
 
@@ -94,7 +106,7 @@ def attend(
     """Attention on validated ``(batch, seq, heads, dim)`` arrays (internal).
 
     The mask is the AND of three optional pieces, validated by the caller (see
-    `multiattn.ops.blockwise.split_masks`); passing lengths and ``causal`` as such, rather
+    `multiattn.ops.masking.split_masks`); passing lengths and ``causal`` as such, rather
     than folded into ``keep``, lets the blockwise path build each block's mask without
     ever forming the ``(Tq, Tk)`` mask.
 
@@ -121,99 +133,52 @@ def attend(
         ``(B, Tq, H, Dv)``, and the weights ``(B, H, Tq, Tk)`` when ``return_weights``.
         Half-precision inputs are computed in float32; results are cast back.
     """
-    if block_size is None:
-        block_size = config.get_block_size()
     dtype = ops.dtype_name(query)
     if dtype in HALF_DTYPES:
         query, key, value = (ops.cast(t, "float32") for t in (query, key, value))
-    heads, kv_heads = shape_of(query)[2], shape_of(key)[2]
-    if heads != kv_heads:
-        if heads is None or kv_heads is None or heads % kv_heads:
-            raise ValueError(
-                f"attention: the key/value heads ({kv_heads}) must divide the query heads "
-                f"({heads})."
-            )
-    use_dropout = dropout > 0.0 and bool(training)
     if keep is not None:
         for _ in range(4 - len(shape_of(keep))):
             keep = ops.expand_dims(keep, 0)
-    tq, tk = shape_of(query)[1], shape_of(key)[1]
-    if causal and tq == 1:
-        causal = False  # one query: the bottom-right causal mask hides nothing
-    streams = (
-        block_size is None
-        and not return_weights
-        and not use_dropout
-        and _fused_streams(ops, query, key, value, keep, valid_lens, causal)
-    )
-    blocks = None
-    if not return_weights and not use_dropout and not streams:
-        qs = shape_of(query)
-        blocks = blockwise.plan_blocks(
-            (qs[0], qs[2], tq, tk),
-            8 if ops.dtype_name(query) == "float64" else 4,
-            block_size,
-            traced=ops.is_symbolic(query),
+    wanted = (bool(return_weights), dropout > 0.0 and bool(training))
+    spec = _spec(ops, (query, key, value), keep, valid_lens, causal, dtype, block_size, wanted)
+    if plan.wants_timing(spec):
+        spec = dataclasses.replace(
+            spec,
+            fused_faster=tuning.fused_attention_pays(
+                ops, query, key, value, explicit=_explicit_unmasked
+            ),
         )
-    sizes = tuple(s if s is not None else ops.shape(t)[1] for s, t in ((tq, query), (tk, key)))
-    lens4 = blockwise.lens_rank4(ops, valid_lens)
-    masked = keep is not None or valid_lens is not None or causal
-    # The fused kernel: always when it streams (the memory budget needs it), else where
-    # it is faster than the explicit path; decided once for the call.
-    fused = (
-        blocks is None
-        and not return_weights
-        and not use_dropout
-        and (streams or _fused_ok(ops, query, key, value))
+    how = plan.plan_attention(spec)
+    sizes = tuple(
+        s if s is not None else ops.shape(t)[1]
+        for s, t in ((spec.queries, query), (spec.keys, key))
     )
-    guard = masked or fused
-    if guard:
+    causal = spec.effective_causal
+    lens4 = lens_rank4(ops, valid_lens)
+    if how.screen != "none":
         # NaN and infinities must not meet a masked position in a product (0 * NaN is
         # NaN), forward or backward, nor reach a fused kernel (which may zero a row with
         # a NaN query): if there are any, the attention runs on the inputs with them
         # replaced by 0, and `_poison_rows` gives NaN to the rows that attend them.
         inputs = (query, key, value)
-        finite = _all_finite(ops, inputs if masked else (query,))
+        finite = _all_finite(ops, inputs if how.screen == "all" else (query,))
         query, key, value = ops.cond(
             finite, lambda: inputs, lambda: _replace_non_finite(ops, inputs)
         )
     weights = None
-    if blocks is not None:
-        groups = heads // kv_heads
-        out = blockwise_grad.attention(
-            ops,
-            query,
-            repeat_kv_heads(ops, key, groups),
-            repeat_kv_heads(ops, value, groups),
-            keep=keep,
-            valid_lens=valid_lens,
-            causal=causal,
-            scale=scale,
-            blocks=blocks,
-        )
+    if how.path == "blockwise":
+        out = _blockwise(ops, query, key, value, keep, valid_lens, how, scale)
     else:
-        fused_causal = streams and causal  # equal lengths: top-left == bottom-right
-        if valid_lens is not None or (causal and not fused_causal):
-            keep = blockwise.block_keep(ops, keep, lens4, causal and not fused_causal, sizes)
-            valid_lens, lens4, causal = None, None, fused_causal
+        if how.fold_masks:
+            keep = block_keep(ops, keep, lens4, how.causal == "mask", sizes)
+            lens4 = None
             if keep is not None:
                 for _ in range(4 - len(shape_of(keep))):
                     keep = ops.expand_dims(keep, 0)
-        out, weights = _direct_attention(
-            ops,
-            query,
-            key,
-            value,
-            keep,
-            scale,
-            dropout,
-            training,
-            seed,
-            return_weights,
-            fused=fused,
-            is_causal=fused_causal,
-        )
-    if guard:
+        causal = how.causal in ("kernel", "blocks")
+        drop = _Dropout(dropout, seed) if how.dropout else None
+        out, weights = _direct_attention(ops, query, key, value, keep, how, scale, drop)
+    if how.screen != "none":
         results = (out,) if weights is None else (out, weights)
         results = ops.cond(
             finite,
@@ -225,6 +190,46 @@ def attend(
         out = ops.cast(out, dtype)
         weights = None if weights is None else ops.cast(weights, dtype)
     return (out, weights) if return_weights else out
+
+
+def _spec(
+    ops: Any,
+    inputs: tuple,
+    keep: Any,
+    valid_lens: Any,
+    causal: bool,
+    dtype: str,
+    block_size: tuple[int, int] | None,
+    wanted: tuple[bool, bool],
+) -> plan.AttentionSpec:
+    """The static facts of a call of `attend`: ``inputs`` (query, key, value) in the
+    compute dtype, ``keep`` rank 4 or None, ``dtype`` the callers' dtype, ``wanted`` the
+    weights and active dropout."""
+    query, key, value = inputs
+    batch, queries, heads = shape_of(query)[:3]
+    keys, kv_heads = shape_of(key)[1], shape_of(key)[2]
+    lengths = "none"
+    if valid_lens is not None:
+        lengths = "per_sequence" if len(shape_of(valid_lens)) == 1 else "per_query"
+    return plan.AttentionSpec(
+        batch=batch,
+        heads=heads,
+        kv_heads=kv_heads,
+        queries=queries,
+        keys=keys,
+        key_width=shape_of(key)[-1],
+        value_width=shape_of(value)[-1],
+        dtype=dtype,
+        capabilities=plan.Capabilities.of(ops),
+        memory_budget=config.get_attention_memory_budget(),
+        mask=keep is not None,
+        lengths=lengths,
+        causal=bool(causal),
+        weights=wanted[0],
+        dropout=wanted[1],
+        traced=bool(ops.is_symbolic(query)),
+        block_size=block_size if block_size is not None else config.get_block_size(),
+    )
 
 
 def _all_finite(ops: Any, tensors: tuple) -> Any:
@@ -270,68 +275,18 @@ def _poison_rows(
         return ops.transpose(bad[..., 0], (0, 2, 1))
 
     poisoned = ops.expand_dims(bad_rows(query), 3)  # (B, H, Tq, 1)
-    attends_any = _rows_attending(ops, keep, lens, causal, sizes, None)
+    attends_any = rows_attending(ops, keep, lens, causal, sizes, None)
     if attends_any is not None:
         poisoned = ops.logical_and(poisoned, attends_any)
     for i, t in enumerate((key, value)):
         bad_keys = ops.expand_dims(bad_rows(t), 2)  # (B, H, 1, Tk)
         poisoned = ops.logical_or(
-            poisoned, _rows_attending(ops, keep, lens, causal, sizes, bad_keys)
+            poisoned, rows_attending(ops, keep, lens, causal, sizes, bad_keys)
         )
         if i == 0 and len(results) == 2:
             weights = ops.where(poisoned, float("nan"), results[1])
     out = ops.where(ops.transpose(poisoned, (0, 2, 1, 3)), float("nan"), results[0])
     return (out,) if len(results) == 1 else (out, weights)
-
-
-def _rows_attending(ops: Any, keep: Any, lens: Any, causal: bool, sizes: tuple, cols: Any) -> Any:
-    """The query rows that may attend at least one key where ``cols`` (bool ``(B, H, 1,
-    Tk)``; None: any key) is True, bool broadcastable to ``(B, H, Tq, 1)``; None when
-    that is every row (no mask and ``cols`` None).
-
-    ``keep`` rank 4 or None, ``lens`` as `multiattn.ops.blockwise.lens_rank4`. Without
-    ``keep`` the mask is never formed: a row sees the first marked key iff that key lies
-    below its length and, with ``causal``, at or before its diagonal.
-    """
-    tq, tk = sizes
-    if keep is not None:
-        full = blockwise.block_keep(ops, keep, lens, causal, sizes)
-        if cols is not None:
-            full = ops.logical_and(full, cols)
-        return ops.any(full, axis=-1, keepdims=True)
-    hit, first = None, 0
-    if cols is not None:
-        positions = ops.arange(tk, dtype="int32")
-        first = -ops.max(ops.where(cols, -positions, -tk), axis=-1, keepdims=True)
-        hit = ops.less(first, tk)  # (B, H, 1, 1): some key is marked
-    if lens is not None:
-        part = ops.less(first, lens)
-        hit = part if hit is None else ops.logical_and(hit, part)
-    if causal:
-        diagonal = ops.expand_dims(ops.arange(tq, dtype="int32"), 1) + (tk - tq)
-        part = ops.less_equal(first, diagonal)
-        hit = part if hit is None else ops.logical_and(hit, part)
-    return hit
-
-
-def _fused_eligible(ops: Any, query: Any, key: Any, value: Any) -> bool:
-    """The backend has a fused kernel for these arrays: float32, and value width == key
-    width (Keras' fused attention fails otherwise on jax)."""
-    return (
-        ops.has_fused_attention
-        and ops.dtype_name(query) == "float32"
-        and shape_of(key)[-1] is not None
-        and shape_of(key)[-1] == shape_of(value)[-1]
-    )
-
-
-def _fused_ok(ops: Any, query: Any, key: Any, value: Any) -> bool:
-    """The fused kernel is eligible (`_fused_eligible`) and faster than the explicit path
-    on the running machine for this shape class (`multiattn.tuning.fused_attention_pays`,
-    measured once per process and class)."""
-    return _fused_eligible(ops, query, key, value) and tuning.fused_attention_pays(
-        ops, query, key, value, explicit=_explicit_unmasked
-    )
 
 
 def _explicit_unmasked(ops: Any, query: Any, key: Any, value: Any, scale: float) -> Any:
@@ -340,22 +295,11 @@ def _explicit_unmasked(ops: Any, query: Any, key: Any, value: Any, scale: float)
     return _explicit_attention(ops, query, key, value, None, scale, 0.0, False, None, False)[0]
 
 
-def _fused_streams(
-    ops: Any, query: Any, key: Any, value: Any, keep: Any, valid_lens: Any, causal: bool
-) -> bool:
-    """The fused kernel runs in memory linear in the lengths for this call: the backend's
-    kernel streams (`fused_attention_streams`), there is no caller mask, the lengths (if
-    any) are one per sequence (a mask broadcast over the queries) and a causal mask is
-    square without lengths (the kernel's own ``is_causal``). The blockwise path is then
-    not needed, whatever the memory budget says."""
-    if keep is not None or not ops.fused_attention_streams:
-        return False
-    if not _fused_eligible(ops, query, key, value):
-        return False
-    if valid_lens is not None and (causal or len(shape_of(valid_lens)) != 1):
-        return False
-    tq, tk = shape_of(query)[1], shape_of(key)[1]
-    return not causal or (tq is not None and tq == tk)
+class _Dropout(NamedTuple):
+    """Active dropout on the weights: the rate and the seed."""
+
+    rate: float
+    seed: Any
 
 
 def _direct_attention(
@@ -364,45 +308,65 @@ def _direct_attention(
     key: Any,
     value: Any,
     keep: Any,
+    how: plan.AttentionPlan,
     scale: float,
-    dropout: float,
-    training: bool,
-    seed: Any,
-    return_weights: bool,
-    *,
-    fused: bool,
-    is_causal: bool = False,
+    drop: _Dropout | None = None,
 ) -> tuple[Any, Any]:
-    """The fused path (``fused``: no weights returned, no dropout) or the explicit path:
-    the whole ``(B, H, Tq, Tk)`` score matrix at once (unless the backend's fused kernel
-    streams, see `_fused_streams`).
+    """The fused or the explicit path of ``how``: the whole ``(B, H, Tq, Tk)`` score
+    matrix at once (unless the backend's fused kernel streams). ``keep`` is rank 4 or
+    None, with the lengths and causal mask already folded in unless ``how`` leaves the
+    causal mask to the kernel. Returns the output and the weights (None unless
+    ``how.weights``)."""
+    if how.path == "fused":
+        return _fused_attention(ops, query, key, value, keep, how, scale), None
+    rate, seed = drop if drop is not None else (0.0, None)
+    return _explicit_attention(
+        ops, query, key, value, keep, scale, rate, drop is not None, seed, how.weights
+    )
 
-    ``keep`` is rank 4 or None; ``is_causal`` (fused path only, equal lengths) asks the
-    kernel for its own causal mask. Returns the output and the weights (None on the fused
-    path).
-    """
-    weights = None
-    if is_causal and not fused:
-        raise AssertionError("is_causal is only for the fused path")  # internal misuse
-    if fused:
-        if not ops.fused_attention_groups:
-            groups = shape_of(query)[2] // shape_of(key)[2]
-            key, value = (repeat_kv_heads(ops, t, groups) for t in (key, value))
-        if keep is None:
-            out = ops.fused_attention(query, key, value, None, scale, is_causal=is_causal)
-        else:
-            row_any = ops.any(keep, axis=-1, keepdims=True)  # (B|1, H|1, Tq, 1)
-            # Rows with nothing to attend attend everywhere inside the kernel (finite
-            # values, finite gradients) and are zeroed afterwards.
-            out = ops.fused_attention(
-                query, key, value, ops.logical_or(keep, ops.logical_not(row_any)), scale
-            )
-            out = ops.where(ops.transpose(row_any, (0, 2, 1, 3)), out, 0.0)
-    else:
-        out, weights = _explicit_attention(
-            ops, query, key, value, keep, scale, dropout, training, seed, return_weights
-        )
-    return out, weights
+
+def _fused_attention(
+    ops: Any, query: Any, key: Any, value: Any, keep: Any, how: plan.AttentionPlan, scale: float
+) -> Any:
+    """The backend's fused kernel (``how.path == "fused"``): key/value heads repeated
+    when ``how.repeat_kv``; with a mask, rows with nothing to attend attend everywhere
+    inside the kernel (finite values, finite gradients) and are zeroed afterwards."""
+    if how.repeat_kv:
+        groups = shape_of(query)[2] // shape_of(key)[2]
+        key, value = (repeat_kv_heads(ops, t, groups) for t in (key, value))
+    if keep is None:
+        return ops.fused_attention(query, key, value, None, scale, is_causal=how.causal == "kernel")
+    row_any = ops.any(keep, axis=-1, keepdims=True)  # (B|1, H|1, Tq, 1)
+    out = ops.fused_attention(
+        query, key, value, ops.logical_or(keep, ops.logical_not(row_any)), scale
+    )
+    return ops.where(ops.transpose(row_any, (0, 2, 1, 3)), out, 0.0)
+
+
+def _blockwise(
+    ops: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    keep: Any,
+    valid_lens: Any,
+    how: plan.AttentionPlan,
+    scale: float,
+) -> Any:
+    """The blockwise path of ``how`` (linear memory, its own backward pass); the key/value
+    heads are repeated for their groups (``how.repeat_kv``)."""
+    groups = shape_of(query)[2] // shape_of(key)[2] if how.repeat_kv else 1
+    return blockwise_grad.attention(
+        ops,
+        query,
+        repeat_kv_heads(ops, key, groups),
+        repeat_kv_heads(ops, value, groups),
+        keep=keep,
+        valid_lens=valid_lens,
+        causal=how.causal == "blocks",
+        scale=scale,
+        blocks=how.blocks,
+    )
 
 
 def _explicit_attention(
@@ -673,7 +637,7 @@ def scaled_dot_product_attention(
             )
         scale = 1.0 / math.sqrt(qs[-1])
     blocks = blockwise.check_block_size(where, block_size)
-    keep, lens, causal = blockwise.split_masks(
+    keep, lens, causal = split_masks(
         ops, (*lead, qs[-2], ks[-2]), mask=mask, valid_lens=valid_lens, causal=causal, where=where
     )
     if grouped:

@@ -27,9 +27,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._checks import as_array, broadcast_shape, fmt_shape, shape_of
+from .._checks import fmt_shape, shape_of
 from ..config import get_attention_memory_budget
-from .masking import _mask_to_bool, check_valid_lens
+from .masking import (  # the mask rules live in masking; re-exported here
+    _dims,
+    block_keep,
+    lens_rank4,
+    looped_keep,
+    split_masks,
+    visible_keys,
+)
 
 __all__ = [
     "MAX_QUERY_BLOCKS",
@@ -62,164 +69,6 @@ MAX_QUERY_BLOCKS = 32
 # Blocks are never smaller than this (unless the sequence is), so that a tiny budget
 # cannot unroll into thousands of steps.
 MIN_BLOCK = 16
-
-
-# --- masks as pieces ----------------------------------------------------------------------
-
-
-def split_masks(
-    ops: Any,
-    scores_shape: tuple[int | None, ...],
-    *,
-    mask: Any = None,
-    valid_lens: Any = None,
-    causal: bool = False,
-    where: str,
-) -> tuple[Any, Any, bool]:
-    """Validate ``mask``, ``valid_lens`` and ``causal`` as `combine_keep` does, without
-    combining them into one ``(..., queries, keys)`` mask.
-
-    Returns:
-        ``(keep, lens, causal)``: ``keep`` the boolean ``mask`` (broadcastable to
-        ``scores_shape``) or None; ``lens`` the lengths as int32, ``(batch,)`` or
-        ``(batch, queries)``, or None; ``causal`` a bool. The errors are those of
-        `multiattn.ops.masking.combine_keep`.
-    """
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"{where}: `causal` must be a bool; received {causal!r}.")
-    keep = None
-    if mask is not None:
-        mask = as_array(mask)
-        broadcast_shape(where, "mask", shape_of(mask), scores_shape)
-        keep = _mask_to_bool(ops, where, "mask", mask)
-    lens = None
-    if valid_lens is not None:
-        lens = check_valid_lens(ops, valid_lens, scores_shape, where)
-    if causal and (scores_shape[-2] is None or scores_shape[-1] is None):
-        raise ValueError(
-            f"{where}: `causal=True` needs static query and key lengths; received scores "
-            f"of shape {fmt_shape(scores_shape)}."
-        )
-    return keep, lens, bool(causal)
-
-
-def lens_rank4(ops: Any, lens: Any) -> Any:
-    """``(B,)`` -> ``(B, 1, 1, 1)``; ``(B, Tq)`` -> ``(B, 1, Tq, 1)``."""
-    if lens is None:
-        return None
-    lens = ops.cast(lens, "int32")
-    if len(shape_of(lens)) == 1:
-        return ops.reshape(lens, (-1, 1, 1, 1))
-    return ops.expand_dims(ops.expand_dims(lens, 1), 3)
-
-
-def block_keep(
-    ops: Any,
-    keep: Any,
-    lens: Any,
-    causal: bool,
-    sizes: tuple[Any, Any],
-    rows: tuple[int, Any] | None = None,
-    cols: tuple[int, Any] | None = None,
-) -> Any:
-    """The mask (True = may attend) of the block ``rows x cols`` of the scores, or None.
-
-    Args:
-        keep: bool broadcastable to ``(B, H, Tq, Tk)`` (rank 4) or None.
-        lens: int lengths ``(B, 1, 1, 1)`` or ``(B, 1, Tq, 1)`` or None.
-        causal: bottom-right aligned causal mask.
-        sizes: ``(Tq, Tk)``.
-        rows, cols: ``(start, stop)`` of the block; None: the whole axis.
-
-    Returns:
-        bool broadcastable to ``(B, H, rows, cols)``, or None when nothing in the block is
-        masked by ``causal`` and there is no ``keep`` or ``lens``.
-    """
-    tq, tk = sizes
-    r0, r1 = rows if rows is not None else (0, tq)
-    c0, c1 = cols if cols is not None else (0, tk)
-    parts = []
-    if keep is not None:
-        ks = shape_of(keep)
-        if rows is not None and ks[2] != 1:
-            keep = keep[:, :, r0:r1]
-        if cols is not None and ks[3] != 1:
-            keep = keep[:, :, :, c0:c1]
-        parts.append(keep)
-    if lens is not None:
-        if rows is not None and shape_of(lens)[2] != 1:
-            lens = lens[:, :, r0:r1]
-        parts.append(ops.less(ops.arange(c0, c1, dtype="int32"), lens))
-    # Query i sees key j iff j <= i + (Tk - Tq); the block needs a mask unless its last
-    # key is visible to its first query.
-    if causal and not (c1 - 1 <= r0 + (tk - tq)):
-        row_idx = ops.expand_dims(ops.arange(r0, r1, dtype="int32"), 1)
-        col_idx = ops.expand_dims(ops.arange(c0, c1, dtype="int32"), 0)
-        parts.append(ops.less_equal(col_idx, row_idx + (tk - tq)))
-    if not parts:
-        return None
-    out = parts[0]
-    for part in parts[1:]:
-        out = ops.logical_and(out, part)
-    return out
-
-
-def visible_keys(r0: int, r1: int, tk: int, offset: int, causal: bool) -> tuple[int, int]:
-    """``(stop, clear)`` for the query rows ``[r0, r1)``: under the causal mask (query
-    ``i`` sees key ``j`` iff ``j <= i + offset``) the rows together see keys
-    ``[0, stop)`` (``stop <= 0``: none), and every row sees keys ``[0, clear)``, which
-    need no causal mask. Without it both are ``tk``."""
-    if not causal:
-        return tk, tk
-    stop = min(tk, r1 + offset)
-    return stop, max(0, min(stop, r0 + offset + 1))
-
-
-def _dynamic_rows(ops: Any, x: Any, start: Any, size: int) -> Any:
-    """Rows ``[start, start + size)`` of axis 2 of the rank-4 ``x`` (``start`` may be
-    traced); ``x`` itself if that axis has size 1 (broadcast)."""
-    if shape_of(x)[2] == 1:
-        return x
-    dims = _dims(ops, x)
-    return ops.slice(x, (0, 0, start, 0), (dims[0], dims[1], size, dims[3]))
-
-
-def looped_keep(
-    ops: Any,
-    keep: Any,
-    lens: Any,
-    start: Any,
-    size: int,
-    axis: int,
-    cols: tuple[int, int] | None = None,
-) -> Any:
-    """The mask of a block inside a loop, whose start along ``axis`` (2: query rows, 3:
-    key columns) is ``start`` (possibly traced) and whose extent there is ``size``.
-
-    ``keep`` (rank 4) is already restricted to the block along the other axis, and so
-    are ``lens`` (`lens_rank4`) with ``axis=3``. With ``axis=2`` the lengths are taken
-    whole and ``cols``, the block's static key range ``(c0, c1)``, is required. No causal
-    mask: loops visit only blocks that need none. Returns bool or None.
-    """
-    out = None
-    if keep is not None:
-        out = keep
-        if axis == 2:
-            out = _dynamic_rows(ops, keep, start, size)
-        elif shape_of(keep)[3] != 1:
-            dims = _dims(ops, keep)
-            out = ops.slice(keep, (0, 0, 0, start), (*dims[:3], size))
-    if lens is not None:
-        if axis == 2:
-            if cols is None:
-                raise ValueError("looped_keep: lengths in a loop over rows need `cols`")
-            lens = _dynamic_rows(ops, lens, start, size)
-            positions = ops.arange(cols[0], cols[1], dtype="int32")
-        else:
-            positions = ops.arange(size, dtype="int32") + ops.cast(start, "int32")
-        part = ops.less(positions, lens)
-        out = part if out is None else ops.logical_and(out, part)
-    return out
 
 
 # --- block sizes --------------------------------------------------------------------------
@@ -284,6 +133,7 @@ def plan_blocks(
     *,
     traced: bool = False,
     where: str = "attention",
+    budget: int | None = None,
 ) -> tuple[int, int] | None:
     """The blocks to compute attention with, or None for the direct path.
 
@@ -294,6 +144,7 @@ def plan_blocks(
         block_size: forced ``(queries, keys)`` blocks, or None to decide by the budget.
         traced: the computation is being traced (``jax.jit``, ``tf.function``): the
             number of query blocks is limited to `MAX_QUERY_BLOCKS`.
+        budget: the memory budget in bytes; None: that of `multiattn.config`.
     """
     b, h, tq, tk = shape
     static = tq is not None and tk is not None and tq > 0 and tk > 0
@@ -307,7 +158,8 @@ def plan_blocks(
     if not static:
         return None
     batch_heads = (b or 1) * (h or 1)
-    budget = get_attention_memory_budget()
+    if budget is None:
+        budget = get_attention_memory_budget()
     if batch_heads * tq * tk * itemsize <= budget:
         return None
     return choose_blocks(
@@ -359,15 +211,6 @@ def _step(ops: Any, state: _Running | None, scores: Any, keep: Any, value: Any) 
         total = total + rescale * state.total
         acc = acc + rescale * state.acc
     return _Running(peak, total, acc)
-
-
-def _dims(ops: Any, x: Any) -> list:
-    """The shape of ``x``: static sizes where known, dynamic ones elsewhere."""
-    static = shape_of(x)
-    if all(d is not None for d in static):
-        return list(static)
-    dynamic = ops.shape(x)
-    return [d if d is not None else dynamic[i] for i, d in enumerate(static)]
 
 
 def blockwise_attention(

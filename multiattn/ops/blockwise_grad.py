@@ -25,7 +25,7 @@ from typing import Any
 
 from .._checks import shape_of
 from . import blockwise
-from .blockwise import _dims, block_keep, lens_rank4, looped_keep, visible_keys
+from .masking import _dims, block_keep, lens_rank4, looped_keep, visible_keys
 
 __all__ = ["attention"]
 

@@ -17,6 +17,7 @@ from .._checks import (
     broadcast_shape,
     check_float,
     check_rank,
+    describe,
     fmt_shape,
     shape_of,
     to_tensor,
@@ -52,9 +53,30 @@ def causal_mask(query_len: int, key_len: int | None = None) -> Any:
 
 
 def _causal_keep(ops: Any, query_len: int, key_len: int) -> Any:
-    rows = ops.expand_dims(ops.arange(query_len, dtype="int32"), 1)
-    cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)
-    return ops.less_equal(cols, rows + (key_len - query_len))
+    return position_keep(
+        ops,
+        ops.arange(query_len, dtype="int32"),
+        ops.arange(key_len, dtype="int32"),
+        None,
+        causal=True,
+        offset=key_len - query_len,
+    )
+
+
+def position_keep(
+    ops: Any, rows: Any, cols: Any, lens: Any, *, causal: bool, offset: Any = 0
+) -> Any:
+    """The mask (True = may attend) of the query positions ``rows`` ``(bq,)`` against the
+    key positions ``cols`` ``(bk,)`` (int32, possibly traced), from lengths ``lens``
+    (`lens_rank4`, already restricted to the rows, or None) and the causal rule (query
+    ``i`` sees key ``j`` iff ``j <= i + offset``). None when neither applies."""
+    out = None
+    if lens is not None:
+        out = ops.less(cols, lens)
+    if causal:
+        part = ops.less_equal(ops.expand_dims(cols, 0), ops.expand_dims(rows, 1) + offset)
+        out = part if out is None else ops.logical_and(out, part)
+    return out
 
 
 def valid_lens_to_mask(
@@ -144,7 +166,12 @@ def check_valid_lens(
 
 
 def _valid_lens_keep(ops: Any, valid_lens: Any, scores_shape: tuple, where: str) -> Any:
-    lens = check_valid_lens(ops, valid_lens, scores_shape, where)
+    return _lens_keep(ops, check_valid_lens(ops, valid_lens, scores_shape, where), scores_shape)
+
+
+def _lens_keep(ops: Any, lens: Any, scores_shape: tuple) -> Any:
+    """The mask of checked int32 lengths (`check_valid_lens`) for scores of
+    ``scores_shape``: bool broadcastable to them."""
     vshape, ndim, num_keys = shape_of(lens), len(scores_shape), scores_shape[-1]
     if len(vshape) == 1:
         lens = ops.reshape(lens, (-1,) + (1,) * (ndim - 1))
@@ -205,26 +232,288 @@ def combine_keep(
     causal: bool = False,
     where: str,
 ) -> Any:
-    """`combine_masks` in the namespace ``ops`` of the tensors being attended (internal)."""
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"{where}: `causal` must be a bool; received {causal!r}.")
-    keep = None
-    if mask is not None:
-        mask = as_array(mask)
-        broadcast_shape(where, "mask", shape_of(mask), scores_shape)
-        keep = _mask_to_bool(ops, where, "mask", mask)
-    if valid_lens is not None:
-        lens_keep = _valid_lens_keep(ops, valid_lens, scores_shape, where)
+    """`combine_masks` in the namespace ``ops`` of the tensors being attended (internal):
+    `split_masks`, then the AND of the pieces."""
+    keep, lens, causal = split_masks(
+        ops, scores_shape, mask=mask, valid_lens=valid_lens, causal=causal, where=where
+    )
+    if lens is not None:
+        lens_keep = _lens_keep(ops, lens, scores_shape)
         keep = lens_keep if keep is None else ops.logical_and(keep, lens_keep)
     if causal:
-        q, k = scores_shape[-2], scores_shape[-1]
-        if q is None or k is None:
-            raise ValueError(
-                f"{where}: `causal=True` needs static query and key lengths; received scores "
-                f"of shape {fmt_shape(scores_shape)}."
-            )
-        tri = _causal_keep(ops, q, k)
+        tri = _causal_keep(ops, scores_shape[-2], scores_shape[-1])
         keep = tri if keep is None else ops.logical_and(keep, tri)
+    return keep
+
+
+def check_causal(where: str, causal: Any) -> bool:
+    """``causal`` as a Python bool; ``TypeError`` naming it unless it is a bool (Python or
+    NumPy)."""
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"{where}: `causal` must be a bool; received {causal!r}.")
+    return bool(causal)
+
+
+def check_mask(ops: Any, mask: Any, scores_shape: tuple, where: str, name: str = "mask") -> Any:
+    """A caller's mask as bool (True = may attend): it must broadcast to ``scores_shape``
+    and be boolean or integer (non-zero = may attend)."""
+    mask = as_array(mask)
+    broadcast_shape(where, name, shape_of(mask), scores_shape)
+    return _mask_to_bool(ops, where, name, mask)
+
+
+def split_masks(
+    ops: Any,
+    scores_shape: tuple[int | None, ...],
+    *,
+    mask: Any = None,
+    valid_lens: Any = None,
+    causal: bool = False,
+    where: str,
+) -> tuple[Any, Any, bool]:
+    """Validate ``mask``, ``valid_lens`` and ``causal`` for scores of ``scores_shape``
+    without combining them into one ``(..., queries, keys)`` mask: the one place where
+    the rules of the three pieces are checked (`combine_keep` combines what this returns).
+
+    Returns:
+        ``(keep, lens, causal)``: ``keep`` the boolean ``mask`` (broadcastable to
+        ``scores_shape``) or None; ``lens`` the lengths as int32, ``(batch,)`` or
+        ``(batch, queries)``, or None (`check_valid_lens`); ``causal`` a bool, True only
+        with static query and key lengths.
+    """
+    causal = check_causal(where, causal)
+    keep = None if mask is None else check_mask(ops, mask, scores_shape, where)
+    lens = None
+    if valid_lens is not None:
+        lens = check_valid_lens(ops, valid_lens, scores_shape, where)
+    if causal and (scores_shape[-2] is None or scores_shape[-1] is None):
+        raise ValueError(
+            f"{where}: `causal=True` needs static query and key lengths; received scores "
+            f"of shape {fmt_shape(scores_shape)}."
+        )
+    return keep, lens, causal
+
+
+# --- masks of blocks ----------------------------------------------------------------------
+
+
+def lens_rank4(ops: Any, lens: Any) -> Any:
+    """``(B,)`` -> ``(B, 1, 1, 1)``; ``(B, Tq)`` -> ``(B, 1, Tq, 1)``."""
+    if lens is None:
+        return None
+    lens = ops.cast(lens, "int32")
+    if len(shape_of(lens)) == 1:
+        return ops.reshape(lens, (-1, 1, 1, 1))
+    return ops.expand_dims(ops.expand_dims(lens, 1), 3)
+
+
+def block_keep(
+    ops: Any,
+    keep: Any,
+    lens: Any,
+    causal: bool,
+    sizes: tuple[Any, Any],
+    rows: tuple[int, Any] | None = None,
+    cols: tuple[int, Any] | None = None,
+) -> Any:
+    """The mask (True = may attend) of the block ``rows x cols`` of the scores, or None.
+
+    Args:
+        keep: bool broadcastable to ``(B, H, Tq, Tk)`` (rank 4) or None.
+        lens: int lengths ``(B, 1, 1, 1)`` or ``(B, 1, Tq, 1)`` or None.
+        causal: bottom-right aligned causal mask.
+        sizes: ``(Tq, Tk)``.
+        rows, cols: ``(start, stop)`` of the block; None: the whole axis.
+
+    Returns:
+        bool broadcastable to ``(B, H, rows, cols)``, or None when nothing in the block is
+        masked by ``causal`` and there is no ``keep`` or ``lens``.
+    """
+    tq, tk = sizes
+    r0, r1 = rows if rows is not None else (0, tq)
+    c0, c1 = cols if cols is not None else (0, tk)
+    if keep is not None:
+        ks = shape_of(keep)
+        if rows is not None and ks[2] != 1:
+            keep = keep[:, :, r0:r1]
+        if cols is not None and ks[3] != 1:
+            keep = keep[:, :, :, c0:c1]
+    if lens is not None and rows is not None and shape_of(lens)[2] != 1:
+        lens = lens[:, :, r0:r1]
+    # Query i sees key j iff j <= i + (Tk - Tq); the block needs a mask unless its last
+    # key is visible to its first query.
+    needs_causal = causal and not (c1 - 1 <= r0 + (tk - tq))
+    part = None
+    if lens is not None or needs_causal:
+        rows_idx = ops.arange(r0, r1, dtype="int32") if needs_causal else None
+        cols_idx = ops.arange(c0, c1, dtype="int32")
+        part = position_keep(ops, rows_idx, cols_idx, lens, causal=needs_causal, offset=tk - tq)
+    if keep is None or part is None:
+        return keep if part is None else part
+    return ops.logical_and(keep, part)
+
+
+def rows_attending(ops: Any, keep: Any, lens: Any, causal: bool, sizes: tuple, cols: Any) -> Any:
+    """The query rows that may attend at least one key where ``cols`` (bool ``(B, H, 1,
+    Tk)``; None: any key) is True, bool broadcastable to ``(B, H, Tq, 1)``; None when
+    that is every row (no mask and ``cols`` None).
+
+    ``keep`` rank 4 or None, ``lens`` as `lens_rank4`. Without
+    ``keep`` the mask is never formed: a row sees the first marked key iff that key lies
+    below its length and, with ``causal``, at or before its diagonal.
+    """
+    tq, tk = sizes
+    if keep is not None:
+        full = block_keep(ops, keep, lens, causal, sizes)
+        if cols is not None:
+            full = ops.logical_and(full, cols)
+        return ops.any(full, axis=-1, keepdims=True)
+    hit, first = None, 0
+    if cols is not None:
+        positions = ops.arange(tk, dtype="int32")
+        first = -ops.max(ops.where(cols, -positions, -tk), axis=-1, keepdims=True)
+        hit = ops.less(first, tk)  # (B, H, 1, 1): some key is marked
+    if lens is not None:
+        part = ops.less(first, lens)
+        hit = part if hit is None else ops.logical_and(hit, part)
+    if causal:
+        diagonal = ops.expand_dims(ops.arange(tq, dtype="int32"), 1) + (tk - tq)
+        part = ops.less_equal(first, diagonal)
+        hit = part if hit is None else ops.logical_and(hit, part)
+    return hit
+
+
+def visible_keys(r0: int, r1: int, tk: int, offset: int, causal: bool) -> tuple[int, int]:
+    """``(stop, clear)`` for the query rows ``[r0, r1)``: under the causal mask (query
+    ``i`` sees key ``j`` iff ``j <= i + offset``) the rows together see keys
+    ``[0, stop)`` (``stop <= 0``: none), and every row sees keys ``[0, clear)``, which
+    need no causal mask. Without it both are ``tk``."""
+    if not causal:
+        return tk, tk
+    stop = min(tk, r1 + offset)
+    return stop, max(0, min(stop, r0 + offset + 1))
+
+
+def _dynamic_rows(ops: Any, x: Any, start: Any, size: int) -> Any:
+    """Rows ``[start, start + size)`` of axis 2 of the rank-4 ``x`` (``start`` may be
+    traced); ``x`` itself if that axis has size 1 (broadcast)."""
+    if shape_of(x)[2] == 1:
+        return x
+    dims = _dims(ops, x)
+    return ops.slice(x, (0, 0, start, 0), (dims[0], dims[1], size, dims[3]))
+
+
+def looped_keep(
+    ops: Any,
+    keep: Any,
+    lens: Any,
+    start: Any,
+    size: int,
+    axis: int,
+    cols: tuple[int, int] | None = None,
+) -> Any:
+    """The mask of a block inside a loop, whose start along ``axis`` (2: query rows, 3:
+    key columns) is ``start`` (possibly traced) and whose extent there is ``size``.
+
+    ``keep`` (rank 4) is already restricted to the block along the other axis, and so
+    are ``lens`` (`lens_rank4`) with ``axis=3``. With ``axis=2`` the lengths are taken
+    whole and ``cols``, the block's static key range ``(c0, c1)``, is required. No causal
+    mask: loops visit only blocks that need none. Returns bool or None.
+    """
+    out = None
+    if keep is not None:
+        out = keep
+        if axis == 2:
+            out = _dynamic_rows(ops, keep, start, size)
+        elif shape_of(keep)[3] != 1:
+            dims = _dims(ops, keep)
+            out = ops.slice(keep, (0, 0, 0, start), (*dims[:3], size))
+    if lens is not None:
+        if axis == 2:
+            if cols is None:
+                raise ValueError("looped_keep: lengths in a loop over rows need `cols`")
+            lens = _dynamic_rows(ops, lens, start, size)
+            positions = ops.arange(cols[0], cols[1], dtype="int32")
+        else:
+            positions = ops.arange(size, dtype="int32") + ops.cast(start, "int32")
+        part = ops.less(positions, lens)
+        out = part if out is None else ops.logical_and(out, part)
+    return out
+
+
+def _dims(ops: Any, x: Any) -> list:
+    """The shape of ``x``: static sizes where known, dynamic ones elsewhere."""
+    static = shape_of(x)
+    if all(d is not None for d in static):
+        return list(static)
+    dynamic = ops.shape(x)
+    return [d if d is not None else dynamic[i] for i, d in enumerate(static)]
+
+
+# --- Keras' mask conventions (the drop-in layers) ----------------------------------------
+
+
+def top_left_keep(ops: Any, tq: Any, tk: Any) -> Any:
+    """``(1, Tq, Tk)``: query ``i`` may attend key ``j`` iff ``j <= i`` (Keras' causal
+    mask, aligned top-left)."""
+    rows, cols = ops.arange(tq, dtype="int32"), ops.arange(tk, dtype="int32")
+    return ops.expand_dims(position_keep(ops, rows, cols, None, causal=True), 0)
+
+
+def window_keep(ops: Any, tq: Any, tk: Any, window: int) -> Any:
+    """``(1, Tq, Tk)``: ``|i - j| < window`` (Keras' symmetric sliding window)."""
+    rows = ops.expand_dims(ops.arange(tq, dtype="int32"), 1)
+    cols = ops.expand_dims(ops.arange(tk, dtype="int32"), 0)
+    return ops.expand_dims(ops.less(ops.abs(rows - cols), window), 0)
+
+
+def truthy_keep(ops: Any, where: str, name: str, mask: Any) -> Any:
+    """A Keras attention mask as bool: bool as is, numbers non-zero = may attend (Keras
+    casts with ``ops.cast(mask, "bool")``)."""
+    if isinstance(mask, np.ndarray):
+        if mask.dtype.kind not in "biuf":
+            raise TypeError(
+                f"{where}: `{name}` must be boolean or numeric (non-zero = may attend); "
+                f"received {describe(mask)}."
+            )
+        return mask if mask.dtype == bool else mask != 0
+    dtype = ops.dtype_name(mask)
+    if dtype == "bool":
+        return mask
+    if dtype.startswith(("int", "uint", "float", "bfloat")):
+        return ops.not_equal(mask, ops.cast(0, dtype))
+    raise TypeError(
+        f"{where}: `{name}` must be boolean or numeric (non-zero = may attend); received "
+        f"dtype {dtype}."
+    )
+
+
+def keras_keep(ops: Any, where: str, name: str, mask: Any, scores_shape: tuple, n_axes: int) -> Any:
+    """``mask`` aligned with the scores ``(batch, <other axes>, heads, <query attention
+    axes>, <key attention axes>)`` as Keras aligns it: axes are inserted before the last
+    ``2 * n_axes`` (the heads axis first) until the ranks agree; then it must broadcast.
+    Returns a bool tensor of the scores' rank."""
+    ms = shape_of(mask)
+    rank = len(scores_shape)
+    if len(ms) > rank:
+        raise ValueError(
+            f"{where}: `{name}` of shape {fmt_shape(ms)} has more axes than the attention "
+            f"scores {fmt_shape(scores_shape)} (batch, heads, queries, keys)."
+        )
+    padded = list(ms)
+    while len(padded) < rank:
+        padded.insert(max(len(padded) - 2 * n_axes, 0), 1)
+    if not all(p == 1 or p is None or t is None or p == t for p, t in zip(padded, scores_shape)):
+        raise ValueError(
+            f"{where}: `{name}` of shape {fmt_shape(ms)} does not broadcast to the attention "
+            f"scores {fmt_shape(scores_shape)} (batch, heads, queries, keys; a mask without "
+            "the heads axis, such as (batch, queries, keys), gets it inserted)."
+        )
+    keep = truthy_keep(ops, where, name, mask)
+    if isinstance(keep, np.ndarray):
+        return keep.reshape(padded)
+    while len(shape_of(keep)) < rank:
+        keep = ops.expand_dims(keep, max(len(shape_of(keep)) - 2 * n_axes, 0))
     return keep
 
 

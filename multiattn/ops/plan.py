@@ -1,0 +1,332 @@
+"""Which way one attention call runs: a pure decision on static facts (internal).
+
+`multiattn.ops.attention.attend` describes a call once as an `AttentionSpec` (shapes,
+dtype, which masks are present, what the caller wants, what the backend's namespace can
+do, the scoped settings of `multiattn.config`) and asks `plan_attention` for an
+`AttentionPlan`: the path (``"fused"``, ``"explicit"`` or ``"blockwise"``), the blocks,
+how the causal mask, the lengths and rows with nothing to attend are handled, whether
+grouped key/value heads are repeated and which inputs are screened for NaN and
+infinities. Nothing here touches a tensor or imports a framework, so every rule can be
+tested on plain values; ``docs/design.md`` ("The attention planner") tabulates them.
+
+The one fact that needs tensors, whether the fused kernel is faster than the explicit
+path on this machine (`multiattn.tuning.fused_attention_pays`), is measured by the
+caller only when `wants_timing` says the plan depends on it, and passed in as
+``fused_faster``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._checks import HALF_DTYPES
+from .blockwise import plan_blocks
+
+__all__ = [
+    "AttentionPlan",
+    "AttentionSpec",
+    "Capabilities",
+    "plan_attention",
+    "wants_timing",
+]
+
+Path = Literal["fused", "explicit", "blockwise"]
+#: How a causal mask is applied: not at all (none asked, or one query, which it cannot
+#: hide anything from), folded into the mask the direct path gets, by the fused kernel's
+#: own flag (equal lengths, no other mask), or per block by the blockwise path.
+CausalMode = Literal["none", "mask", "kernel", "blocks"]
+#: How valid lengths are applied: folded into the mask of the direct path, or per block.
+LengthsMode = Literal["none", "mask", "blocks"]
+#: How a row with nothing to attend becomes zeros: it cannot occur (no mask), the fused
+#: kernel lets it attend everything and its output is zeroed afterwards, the explicit
+#: path zeroes its weights (they are returned) or its output, or the online softmax of
+#: the blockwise path leaves it zero.
+EmptyRows = Literal["none", "kernel_then_zero", "zero_weights", "zero_outputs", "online"]
+#: Which inputs are screened for NaN and infinities before they meet a mask or a kernel.
+Screen = Literal["none", "query", "all"]
+Lengths = Literal["none", "per_sequence", "per_query"]
+
+_PATHS = ("fused", "explicit", "blockwise")
+
+
+def _check_size(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(
+            f"AttentionSpec: `{name}` must be None or an int >= 0; received {value!r}."
+        )
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"AttentionSpec: `{name}` must be one of {choices}; received {value!r}.")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a namespace offers the planner (the flags of `multiattn._contract`)."""
+
+    has_fused_attention: bool = False
+    fused_attention_streams: bool = False
+    fused_attention_groups: bool = False
+    fused_attention_pays: bool = True
+    softmax_exact_zeros: bool = False
+
+    @classmethod
+    def of(cls, ops: Any) -> Capabilities:
+        """The flags of the namespace ``ops`` (every namespace has them: the contract
+        gives defaults)."""
+        return cls(
+            has_fused_attention=bool(ops.has_fused_attention),
+            fused_attention_streams=bool(ops.fused_attention_streams),
+            fused_attention_groups=bool(ops.fused_attention_groups),
+            fused_attention_pays=bool(ops.fused_attention_pays),
+            softmax_exact_zeros=bool(ops.softmax_exact_zeros),
+        )
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """The static facts of one attention call on ``(B, T, H, D)`` arrays.
+
+    Sizes are ints, or None where unknown until the call runs (a trace). ``dtype`` is the
+    inputs' dtype name (half precision is computed in float32). ``mask``: a boolean mask
+    is given; ``lengths``: valid lengths, one per sequence ``(B,)`` or one per query
+    ``(B, Tq)``; ``causal``: the bottom-right aligned causal mask. ``weights``: the
+    weights are returned; ``dropout``: dropout is active (a rate above 0 while
+    training); ``traced``: the inputs are symbolic (``jax.jit``, ``tf.function``).
+    ``memory_budget`` (bytes) and ``block_size`` (forced ``(queries, keys)`` blocks, or
+    None) are the scoped settings of `multiattn.config` (or the call's own block size).
+    ``fused_faster``: whether the fused kernel beat the explicit path on this machine
+    for this shape class; None where not measured (the namespace's
+    ``fused_attention_pays`` then applies).
+
+    A key/value head count that does not divide the query heads is refused here
+    (``ValueError``), so no spec describes one.
+    """
+
+    batch: int | None
+    heads: int | None
+    kv_heads: int | None
+    queries: int | None
+    keys: int | None
+    key_width: int | None
+    value_width: int | None
+    dtype: str
+    capabilities: Capabilities
+    memory_budget: int
+    mask: bool = False
+    lengths: Lengths = "none"
+    causal: bool = False
+    weights: bool = False
+    dropout: bool = False
+    traced: bool = False
+    block_size: tuple[int, int] | None = None
+    fused_faster: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads", "kv_heads", "queries", "keys", "key_width", "value_width"):
+            _check_size(name, getattr(self, name))
+        _check_choice("lengths", self.lengths, ("none", "per_sequence", "per_query"))
+        if self.heads != self.kv_heads and (
+            self.heads is None or self.kv_heads is None or self.heads % self.kv_heads
+        ):
+            raise ValueError(
+                f"attention: the key/value heads ({self.kv_heads}) must divide the query "
+                f"heads ({self.heads})."
+            )
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head (1 without grouped-query attention)."""
+        return 1 if self.heads == self.kv_heads else self.heads // self.kv_heads
+
+    @property
+    def compute_dtype(self) -> str:
+        return "float32" if self.dtype in HALF_DTYPES else self.dtype
+
+    @property
+    def needs_matrix(self) -> bool:
+        """The weights or dropout need the whole weight matrix: only the explicit path."""
+        return self.weights or self.dropout
+
+    @property
+    def effective_causal(self) -> bool:
+        """Causal and more than one query (one query sees every key bottom-right)."""
+        return self.causal and self.queries != 1
+
+    @property
+    def masked(self) -> bool:
+        return self.mask or self.lengths != "none" or self.effective_causal
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """How one call runs; see the module docstring for the meaning of each mode.
+
+    Construction refuses combinations no path implements (``ValueError``): blocks
+    without the blockwise path (or the reverse), the kernel's causal flag off the fused
+    path or with lengths, per-block masks off the blockwise path, weights or dropout off
+    the explicit path, an empty-row mode of another path.
+    """
+
+    path: Path
+    causal: CausalMode = "none"
+    lengths: LengthsMode = "none"
+    empty_rows: EmptyRows = "none"
+    blocks: tuple[int, int] | None = None
+    repeat_kv: bool = False
+    screen: Screen = "none"
+    weights: bool = False
+    dropout: bool = False
+
+    def __post_init__(self) -> None:
+        if self.path not in _PATHS:
+            raise ValueError(f"AttentionPlan: unknown path {self.path!r}.")
+        for problem in _plan_problems(self):
+            raise ValueError(f"AttentionPlan: {problem}; received {self!r}.")
+
+    @property
+    def fold_masks(self) -> bool:
+        """The lengths or the causal mask are folded into one mask before the direct path."""
+        return self.lengths == "mask" or self.causal == "mask"
+
+
+def _plan_problems(plan: AttentionPlan) -> list[str]:
+    blockwise = plan.path == "blockwise"
+    rules = [
+        (blockwise == (plan.blocks is None), "blocks go with the blockwise path only"),
+        (plan.causal == "kernel" and plan.path != "fused", "the kernel's causal flag is fused"),
+        (plan.causal == "kernel" and plan.lengths != "none", "the kernel's flag takes no lengths"),
+        (
+            not blockwise and "blocks" in (plan.causal, plan.lengths),
+            "per-block masks are blockwise",
+        ),
+        (blockwise and "mask" in (plan.causal, plan.lengths), "the blockwise path folds nothing"),
+        (
+            (plan.weights or plan.dropout) and plan.path != "explicit",
+            "weights need the explicit path",
+        ),
+        (plan.empty_rows not in _EMPTY_ROWS[plan.path], "this path treats empty rows otherwise"),
+        (plan.repeat_kv and plan.path == "explicit", "the explicit path keeps heads grouped"),
+        (
+            plan.screen == "none" and plan.path == "fused",
+            "the fused kernel needs its query screened",
+        ),
+    ]
+    return [message for broken, message in rules if broken]
+
+
+_EMPTY_ROWS = {
+    "fused": ("none", "kernel_then_zero"),
+    "explicit": ("none", "zero_weights", "zero_outputs"),
+    "blockwise": ("online",),
+}
+
+
+def _eligible(spec: AttentionSpec) -> bool:
+    """The backend has a fused kernel for these arrays: float32 compute, and value width
+    == key width (Keras' fused attention fails otherwise on jax)."""
+    return (
+        spec.capabilities.has_fused_attention
+        and spec.compute_dtype == "float32"
+        and spec.key_width is not None
+        and spec.key_width == spec.value_width
+    )
+
+
+def _streams(spec: AttentionSpec) -> bool:
+    """The fused kernel runs in memory linear in the lengths: the kernel streams, there is
+    no caller mask, lengths (if any) are one per sequence (a mask broadcast over the
+    queries) and a causal mask is square without lengths (the kernel's own flag). No
+    blocks are needed then, whatever the budget; a forced block size still takes them."""
+    if spec.block_size is not None or spec.needs_matrix or spec.mask:
+        return False
+    if not spec.capabilities.fused_attention_streams or not _eligible(spec):
+        return False
+    causal = spec.effective_causal
+    if spec.lengths == "per_query" or (spec.lengths != "none" and causal):
+        return False
+    return not causal or (spec.queries is not None and spec.queries == spec.keys)
+
+
+def _blocks(spec: AttentionSpec) -> tuple[int, int] | None:
+    if spec.needs_matrix or _streams(spec):
+        return None
+    return plan_blocks(
+        (spec.batch, spec.heads, spec.queries, spec.keys),
+        8 if spec.compute_dtype == "float64" else 4,
+        spec.block_size,
+        traced=spec.traced,
+        budget=spec.memory_budget,
+    )
+
+
+def wants_timing(spec: AttentionSpec) -> bool:
+    """The plan depends on whether the fused kernel is faster here (``fused_faster``): it
+    is eligible, not required by the budget (streaming) and the direct path is taken."""
+    return (
+        _eligible(spec) and not spec.needs_matrix and not _streams(spec) and _blocks(spec) is None
+    )
+
+
+def _use_fused(spec: AttentionSpec) -> bool:
+    if spec.needs_matrix or not _eligible(spec):
+        return False
+    if _streams(spec):
+        return True
+    faster = spec.fused_faster
+    return spec.capabilities.fused_attention_pays if faster is None else faster
+
+
+def plan_attention(spec: AttentionSpec) -> AttentionPlan:
+    """The plan of the call ``spec`` describes; pure (no tensor, no framework)."""
+    blocks = _blocks(spec)
+    if blocks is not None:
+        return _blockwise_plan(spec, blocks)
+    if _use_fused(spec):
+        return _fused_plan(spec)
+    return _explicit_plan(spec)
+
+
+def _blockwise_plan(spec: AttentionSpec, blocks: tuple[int, int]) -> AttentionPlan:
+    return AttentionPlan(
+        path="blockwise",
+        causal="blocks" if spec.effective_causal else "none",
+        lengths="none" if spec.lengths == "none" else "blocks",
+        empty_rows="online",
+        blocks=blocks,
+        repeat_kv=spec.groups > 1,
+        screen="all" if spec.masked else "none",
+    )
+
+
+def _fused_plan(spec: AttentionSpec) -> AttentionPlan:
+    causal = "none"
+    if spec.effective_causal:
+        causal = "kernel" if _streams(spec) else "mask"  # streams: equal lengths
+    lengths = "none" if spec.lengths == "none" else "mask"
+    folded = spec.mask or "mask" in (lengths, causal)
+    return AttentionPlan(
+        path="fused",
+        causal=causal,
+        lengths=lengths,
+        empty_rows="kernel_then_zero" if folded else "none",
+        repeat_kv=spec.groups > 1 and not spec.capabilities.fused_attention_groups,
+        screen="all" if spec.masked else "query",
+    )
+
+
+def _explicit_plan(spec: AttentionSpec) -> AttentionPlan:
+    empty = "none"
+    if spec.masked:
+        empty = "zero_weights" if spec.weights else "zero_outputs"
+    return AttentionPlan(
+        path="explicit",
+        causal="mask" if spec.effective_causal else "none",
+        lengths="none" if spec.lengths == "none" else "mask",
+        empty_rows=empty,
+        screen="all" if spec.masked else "none",
+        weights=spec.weights,
+        dropout=spec.dropout,
+    )

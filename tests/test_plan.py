@@ -1,0 +1,401 @@
+"""The attention planner (`multiattn.ops.plan`): every decision rule on plain values.
+
+The planner touches no tensor, so these tests need no framework: each builds an
+`AttentionSpec` by hand and checks the `AttentionPlan`; hypothesis checks invariants
+over many specs. The paths themselves are tested against the float64 oracle in
+``tests/backend`` (`test_attention.py`, `test_blockwise.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from multiattn import _contract
+from multiattn.ops import blockwise
+from multiattn.ops.plan import (
+    AttentionPlan,
+    AttentionSpec,
+    Capabilities,
+    plan_attention,
+    wants_timing,
+)
+
+GIB = 1 << 30
+NO_FUSED = Capabilities()
+FUSED = Capabilities(has_fused_attention=True)  # a kernel that forms the scores (jax, tf)
+STREAMS = Capabilities(
+    has_fused_attention=True, fused_attention_streams=True, fused_attention_groups=True
+)  # a kernel in linear memory taking grouped heads (torch)
+
+
+def spec(**kw) -> AttentionSpec:
+    """A small float32 self-attention call, changed by ``kw``."""
+    base = dict(
+        batch=2,
+        heads=4,
+        kv_heads=4,
+        queries=16,
+        keys=16,
+        key_width=8,
+        value_width=8,
+        dtype="float32",
+        capabilities=FUSED,
+        memory_budget=GIB,
+    )
+    base.update(kw)
+    return AttentionSpec(**base)
+
+
+def plan(**kw) -> AttentionPlan:
+    return plan_attention(spec(**kw))
+
+
+# --- fused or explicit ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("caps", [FUSED, STREAMS], ids=["fused", "streams"])
+def test_weights_or_dropout_take_the_explicit_path(caps):
+    for wanted in ({"weights": True}, {"dropout": True}):
+        p = plan(capabilities=caps, fused_faster=True, **wanted)
+        assert p.path == "explicit" and p.weights == wanted.get("weights", False)
+        assert p.dropout == wanted.get("dropout", False)
+
+
+def test_weights_win_over_the_memory_budget():
+    p = plan(weights=True, memory_budget=1024, queries=512, keys=512)
+    assert p.path == "explicit" and p.blocks is None
+
+
+def test_the_measurement_decides_between_fused_and_explicit():
+    assert plan(fused_faster=True).path == "fused"
+    assert plan(fused_faster=False).path == "explicit"
+
+
+def test_without_a_measurement_the_namespace_default_applies():
+    pays = dataclasses.replace(FUSED, fused_attention_pays=True)
+    loses = dataclasses.replace(FUSED, fused_attention_pays=False)
+    assert plan(capabilities=pays).path == "fused"
+    assert plan(capabilities=loses).path == "explicit"
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"capabilities": NO_FUSED},
+        {"dtype": "float64"},
+        {"value_width": 16},
+        {"key_width": None, "value_width": None},
+    ],
+    ids=["no-kernel", "float64", "value-width", "unknown-width"],
+)
+def test_ineligible_calls_are_never_fused_nor_timed(kw):
+    s = spec(fused_faster=True, **kw)
+    assert plan_attention(s).path == "explicit" and not wants_timing(s)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_is_computed_in_float32_and_may_be_fused(dtype):
+    s = spec(dtype=dtype, fused_faster=True)
+    assert s.compute_dtype == "float32" and plan_attention(s).path == "fused"
+
+
+def test_timing_is_wanted_only_where_it_decides():
+    assert wants_timing(spec())
+    assert not wants_timing(spec(weights=True))
+    assert not wants_timing(spec(capabilities=STREAMS))  # streams: fused regardless
+    assert not wants_timing(spec(memory_budget=1024))  # blockwise regardless
+
+
+# --- masks, causal, empty rows ------------------------------------------------------------
+
+
+def test_an_unmasked_call_screens_only_the_query_on_the_fused_path():
+    assert plan(fused_faster=True).screen == "query"
+    assert plan(fused_faster=False).screen == "none"
+    p = plan(fused_faster=False, mask=True)
+    assert p.screen == "all" and p.empty_rows == "zero_outputs"
+
+
+def test_a_mask_on_the_fused_path_lets_empty_rows_attend_then_zeroes_them():
+    p = plan(mask=True, fused_faster=True)
+    assert (p.path, p.empty_rows, p.screen) == ("fused", "kernel_then_zero", "all")
+
+
+def test_returned_weights_zero_empty_rows_in_the_weights():
+    assert plan(mask=True, weights=True).empty_rows == "zero_weights"
+    assert plan(weights=True).empty_rows == "none"
+
+
+def test_square_causal_uses_the_kernel_flag_where_the_kernel_streams():
+    p = plan(capabilities=STREAMS, causal=True)
+    assert (p.path, p.causal, p.empty_rows) == ("fused", "kernel", "none")
+    assert not p.fold_masks
+
+
+def test_causal_with_more_keys_than_queries_builds_the_mask():
+    p = plan(capabilities=STREAMS, causal=True, queries=4, keys=16, fused_faster=True)
+    assert (p.path, p.causal, p.empty_rows) == ("fused", "mask", "kernel_then_zero")
+    assert plan(capabilities=STREAMS, causal=True, queries=4, keys=16).path == "fused"
+    s = spec(capabilities=STREAMS, causal=True, queries=4, keys=16)
+    assert wants_timing(s)  # not streaming: the kernel must earn its place
+
+
+def test_causal_over_one_query_hides_nothing():
+    p = plan(causal=True, queries=1, fused_faster=False)
+    assert p.causal == "none" and p.screen == "none" and p.empty_rows == "none"
+
+
+def test_lengths_per_sequence_stream_but_per_query_lengths_do_not():
+    p = plan(capabilities=STREAMS, lengths="per_sequence", memory_budget=1024)
+    assert (p.path, p.lengths) == ("fused", "mask")
+    p = plan(capabilities=STREAMS, lengths="per_query", memory_budget=1024)
+    assert (p.path, p.lengths) == ("blockwise", "blocks")
+
+
+def test_lengths_and_causal_together_are_not_left_to_the_kernel():
+    p = plan(capabilities=STREAMS, lengths="per_sequence", causal=True, fused_faster=True)
+    assert (p.path, p.causal, p.lengths) == ("fused", "mask", "mask")
+
+
+def test_a_caller_mask_never_streams():
+    s = spec(capabilities=STREAMS, mask=True, memory_budget=1024)
+    assert plan_attention(s).path == "blockwise"
+
+
+# --- the memory budget and blocks ---------------------------------------------------------
+
+
+def test_scores_over_the_budget_take_the_blockwise_path():
+    scores = 2 * 4 * 16 * 16 * 4
+    assert plan(memory_budget=scores).path != "blockwise"
+    p = plan(memory_budget=scores - 1, causal=True, lengths="per_query")
+    assert (p.path, p.causal, p.lengths, p.empty_rows) == (
+        "blockwise",
+        "blocks",
+        "blocks",
+        "online",
+    )
+    assert p.blocks == blockwise.plan_blocks((2, 4, 16, 16), 4, None, budget=scores - 1)
+
+
+def test_float64_scores_count_eight_bytes():
+    scores32 = 2 * 4 * 16 * 16 * 4
+    assert plan(memory_budget=scores32, dtype="float64").path == "blockwise"
+
+
+def test_a_streaming_kernel_needs_no_blocks_whatever_the_budget():
+    assert plan(capabilities=STREAMS, memory_budget=1024).path == "fused"
+
+
+def test_a_forced_block_size_wins_over_streaming_and_is_clipped():
+    p = plan(capabilities=STREAMS, block_size=(4, 100))
+    assert (p.path, p.blocks) == ("blockwise", (4, 16))
+
+
+def test_a_forced_block_size_needs_static_lengths():
+    with pytest.raises(ValueError, match="block_size"):
+        plan(queries=None, block_size=(4, 4))
+
+
+def test_unknown_lengths_never_take_blocks_by_budget():
+    assert plan(queries=None, memory_budget=1).path != "blockwise"
+
+
+def test_traced_calls_limit_the_number_of_query_blocks():
+    kw = dict(batch=1, heads=1, kv_heads=1, queries=8192, keys=8192, memory_budget=1 << 16)
+    eager, traced = plan(**kw).blocks, plan(traced=True, **kw).blocks
+    assert math.ceil(8192 / eager[0]) > blockwise.MAX_QUERY_BLOCKS
+    assert math.ceil(8192 / traced[0]) <= blockwise.MAX_QUERY_BLOCKS
+
+
+# --- grouped heads ------------------------------------------------------------------------
+
+
+def test_grouped_heads_are_repeated_only_for_a_kernel_without_groups_and_for_blocks():
+    grouped = dict(heads=8, kv_heads=2)
+    assert plan(fused_faster=True, **grouped).repeat_kv  # FUSED takes no groups
+    assert not plan(capabilities=STREAMS, **grouped).repeat_kv
+    assert not plan(fused_faster=False, **grouped).repeat_kv  # explicit: grouped contraction
+    assert plan(memory_budget=1024, **grouped).repeat_kv
+    assert not plan(fused_faster=True).repeat_kv  # nothing to repeat
+
+
+def test_key_value_heads_must_divide_the_query_heads():
+    with pytest.raises(ValueError, match="must divide"):
+        spec(heads=6, kv_heads=4)
+    with pytest.raises(ValueError, match="must divide"):
+        spec(heads=None, kv_heads=2)
+
+
+@pytest.mark.parametrize(
+    "kw", [{"lengths": "batch"}, {"queries": -1}, {"batch": 2.0}, {"heads": True, "kv_heads": True}]
+)
+def test_a_spec_refuses_malformed_facts(kw):
+    with pytest.raises(ValueError, match="AttentionSpec"):
+        spec(**kw)
+
+
+# --- plans no path implements -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"path": "explicit", "causal": "kernel"},  # the kernel's flag off the fused path
+        {"path": "fused", "causal": "kernel", "lengths": "mask", "screen": "all"},
+        {"path": "fused", "blocks": (4, 4), "screen": "query"},
+        {"path": "blockwise", "empty_rows": "online"},  # no blocks
+        {"path": "blockwise", "blocks": (4, 4), "empty_rows": "online", "causal": "mask"},
+        {"path": "explicit", "causal": "blocks"},
+        {"path": "fused", "weights": True, "screen": "query"},
+        {"path": "blockwise", "blocks": (4, 4), "empty_rows": "online", "dropout": True},
+        {"path": "explicit", "empty_rows": "online"},
+        {"path": "explicit", "repeat_kv": True},
+        {"path": "fused"},  # an unscreened query could zero a row inside the kernel
+        {"path": "ring"},
+    ],
+)
+def test_a_plan_no_path_implements_cannot_be_built(kw):
+    with pytest.raises(ValueError, match="AttentionPlan"):
+        AttentionPlan(**kw)
+
+
+def test_capabilities_are_the_contract_flags_with_its_defaults():
+    fields = {f.name: f.default for f in dataclasses.fields(Capabilities)}
+    assert set(fields) <= set(_contract.CAPABILITIES)
+    assert fields == {name: getattr(_contract.Namespace, name) for name in fields}
+
+
+def test_capabilities_are_read_from_a_namespace():
+    class Namespace:
+        has_fused_attention = True
+        fused_attention_streams = False
+        fused_attention_groups = 1
+        fused_attention_pays = False
+        softmax_exact_zeros = True
+
+    caps = Capabilities.of(Namespace())
+    assert caps == Capabilities(
+        has_fused_attention=True,
+        fused_attention_groups=True,
+        fused_attention_pays=False,
+        softmax_exact_zeros=True,
+    )
+
+
+def test_the_planner_imports_no_framework():
+    code = (
+        "import sys, multiattn.ops.plan\n"
+        "print(sorted(m for m in ('keras', 'torch', 'jax', 'tensorflow', 'paddle')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --- invariants over many specs -------------------------------------------------------
+
+_size = st.integers(1, 64)
+_caps = st.builds(
+    Capabilities,
+    has_fused_attention=st.booleans(),
+    fused_attention_streams=st.booleans(),
+    fused_attention_groups=st.booleans(),
+    fused_attention_pays=st.booleans(),
+    softmax_exact_zeros=st.booleans(),
+)
+
+
+@st.composite
+def specs(draw) -> AttentionSpec:
+    kv_heads = draw(st.integers(1, 4))
+    width = draw(st.sampled_from([8, 16]))
+    block = draw(st.none() | st.tuples(st.integers(1, 80), st.integers(1, 80)))
+    causal = draw(st.booleans())
+    static = block is not None or causal or draw(st.booleans())
+    return AttentionSpec(
+        batch=draw(st.none() | _size),
+        heads=kv_heads * draw(st.integers(1, 4)),
+        kv_heads=kv_heads,
+        queries=draw(_size if static else st.none() | _size),
+        keys=draw(_size if static else st.none() | _size),
+        key_width=width,
+        value_width=draw(st.sampled_from([width, 2 * width])),
+        dtype=draw(st.sampled_from(["float16", "bfloat16", "float32", "float64"])),
+        capabilities=draw(_caps),
+        memory_budget=draw(st.integers(64, 1 << 22)),
+        mask=draw(st.booleans()),
+        lengths=draw(st.sampled_from(["none", "per_sequence", "per_query"])),
+        causal=causal,
+        weights=draw(st.booleans()),
+        dropout=draw(st.booleans()),
+        traced=draw(st.booleans()),
+        block_size=block,
+        fused_faster=draw(st.none() | st.booleans()),
+    )
+
+
+def _score_bytes(s: AttentionSpec, rows: int, cols: int) -> int:
+    itemsize = 8 if s.compute_dtype == "float64" else 4
+    return (s.batch or 1) * (s.heads or 1) * rows * cols * itemsize
+
+
+@settings(max_examples=400, deadline=None)
+@given(specs())
+def test_plan_invariants(s):
+    p = plan_attention(s)
+    if s.weights or s.dropout:
+        assert p.path == "explicit" and p.blocks is None
+    if p.path == "fused":
+        assert s.capabilities.has_fused_attention and s.compute_dtype == "float32"
+        assert s.key_width == s.value_width and p.screen != "none"
+    if p.causal == "kernel":
+        assert p.path == "fused" and s.queries == s.keys and not s.mask
+        assert s.lengths == "none"
+    if s.masked:
+        # only a square causal mask left to the kernel leaves no row empty
+        assert p.screen == "all" and (p.empty_rows != "none") == (p.causal != "kernel")
+    else:
+        assert p.empty_rows in ("none", "online") and p.screen != "all"
+    assert (p.causal == "none") == (not s.causal or s.queries == 1)
+    assert (p.lengths == "none") == (s.lengths == "none")
+    assert p.repeat_kv <= (s.groups > 1)
+    assert (p.path == "explicit") <= (not p.repeat_kv)
+
+
+@settings(max_examples=400, deadline=None)
+@given(specs())
+def test_blocks_cover_the_sequences_and_respect_the_budget(s):
+    p = plan_attention(s)
+    if p.path != "blockwise":
+        # the direct path forms the scores only within the budget, unless a kernel
+        # streams, the weights are wanted, or the sizes are unknown
+        known = None not in (s.queries, s.keys)
+        if known and _score_bytes(s, s.queries, s.keys) > s.memory_budget:
+            streams = p.path == "fused" and s.capabilities.fused_attention_streams
+            assert s.weights or s.dropout or (streams and not s.mask)
+        return
+    bq, bk = p.blocks
+    for size, block in ((s.queries, bq), (s.keys, bk)):
+        count = math.ceil(size / block)
+        assert 1 <= block <= size and (count - 1) * block < size <= count * block
+    if s.block_size is not None:
+        assert p.blocks == (min(s.block_size[0], s.queries), min(s.block_size[1], s.keys))
+        return
+    assert _score_bytes(s, s.queries, s.keys) > s.memory_budget
+    floor_q = min(s.queries, blockwise.MIN_BLOCK)
+    if s.traced:
+        assert math.ceil(s.queries / bq) <= blockwise.MAX_QUERY_BLOCKS
+        floor_q = max(floor_q, math.ceil(s.queries / blockwise.MAX_QUERY_BLOCKS))
+    # one block's scores stay within the share of the budget, unless the smallest
+    # blocks allowed are larger
+    share = max(s.memory_budget // blockwise.SCORE_SHARE, 1)
+    smallest = _score_bytes(s, floor_q, min(s.keys, blockwise.MIN_BLOCK))
+    assert _score_bytes(s, bq, bk) <= max(share, smallest)
