@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["conformance"]:
+        if any(a == "--model" or a.startswith("--model=") for a in argv[1:]):
+            from multiattn.conformance.model_check import main as model_check_main
+
+            return model_check_main(argv[1:])
         from multiattn.conformance.runner import main as conformance_main
 
         return conformance_main(argv[1:])

@@ -1,0 +1,348 @@
+"""``multiattn conformance --model DIR``: your own Hugging Face model folder, checked.
+
+Loads ``DIR`` (``config.json`` and safetensors weights, as `multiattn.models.from_pretrained`
+reads them) on every installed framework, one process each (Keras' backend is chosen once
+per process), runs it on generated inputs and compares every output with the reference:
+``transformers`` in float64 where it is installed, else the float64 run of the same
+multiattn definition on NumPy. Prints the agreement table (largest absolute error, and
+that error over the largest reference magnitude, per output and framework) and, for
+models that generate, how many greedy tokens match the reference's; ``--json`` writes it.
+
+Only the positions a real token occupies are compared (``attention_mask`` 1): what a
+model computes at padding is not defined the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Frameworks a model folder is tried on, in this order.
+FRAMEWORKS = ("jax", "torch", "tensorflow", "numpy", "paddle")
+#: Seconds one framework's process may run before it is killed and reported as hung.
+DEFAULT_TIMEOUT = 600.0
+#: The error a float32 run may show against the float64 reference (relative to the
+#: largest reference magnitude of the output) and still pass.
+TOLERANCE = {"float32": 1e-4, "float64": 1e-9}
+
+
+def _config(model: Path) -> dict:
+    path = model / "config.json"
+    if not path.is_file():
+        raise SystemExit(f"--model {model}: no config.json in the folder.")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"--model {model}: config.json does not parse: {err}") from None
+    if not isinstance(config, dict):
+        raise SystemExit(f"--model {model}: config.json must hold a JSON object.")
+    return config
+
+
+def make_inputs(config: dict, inputs: tuple[str, ...], batch: int, length: int, seed: int):
+    """Inputs for a model taking ``inputs`` (transformers' names): random token ids (the
+    second row padded by two positions on the left for causal language models, on the
+    right otherwise), token types, or images of the configured size."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    if "pixel_values" in inputs:
+        size = config.get("image_size", 224)
+        h, w = (size, size) if isinstance(size, int) else tuple(size)
+        channels = config.get("num_channels", 3)
+        out["pixel_values"] = rng.standard_normal((batch, channels, h, w))
+        return out
+    vocab = int(config["vocab_size"])
+    out["input_ids"] = rng.integers(0, vocab, (batch, length)).astype(np.int64)
+    if "attention_mask" in inputs:
+        mask = np.ones((batch, length), np.int64)
+        if batch > 1 and length > 2:
+            if _causal_lm(config):
+                mask[1, :2] = 0
+            else:
+                mask[1, -2:] = 0
+        out["attention_mask"] = mask
+    if "token_type_ids" in inputs and config.get("type_vocab_size", 1) > 1:
+        out["token_type_ids"] = rng.integers(0, 2, (batch, length)).astype(np.int64)
+    return out
+
+
+def _causal_lm(config: dict) -> bool:
+    return any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in
+               config.get("architectures") or ())  # fmt: skip
+
+
+# --- the worker: one framework, one process -------------------------------------------------
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """Run the folder on one framework; write its outputs (or why not) to ``--out``."""
+    framework = args.framework
+    # Paddle runs beside Keras' NumPy backend: TensorFlow (Keras' default) must not be
+    # imported before Paddle in one process.
+    os.environ["KERAS_BACKEND"] = "numpy" if framework == "paddle" else framework
+    result: dict[str, Any] = {}
+    try:
+        from multiattn.models import from_pretrained
+
+        inputs = dict(np.load(args.inputs))
+        model = from_pretrained(
+            args.model, framework="paddle" if framework == "paddle" else None, dtype=args.dtype
+        )
+        outputs = model(**inputs)
+        arrays = {k: _to_numpy(v) for k, v in outputs.items()}
+        if args.tokens and hasattr(model, "generate") and "input_ids" in inputs:
+            ids = model.generate(
+                inputs["input_ids"],
+                attention_mask=inputs.get("attention_mask"),
+                max_new_tokens=args.tokens,
+                do_sample=False,
+            )
+            arrays["generated_ids"] = np.asarray(ids)
+        np.savez(args.out, **arrays)
+        result["status"] = "ran"
+    except NotImplementedError as err:
+        result = {"status": "unsupported", "reason": str(err).splitlines()[0]}
+    except Exception as err:  # reported in the table, not raised: other frameworks go on
+        result = {"status": "error", "reason": f"{type(err).__name__}: {err}".splitlines()[0]}
+    Path(args.status).write_text(json.dumps(result))
+    return 0
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+        try:
+            return np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x.numpy())
+        except (TypeError, RuntimeError, AttributeError):
+            pass
+    return np.asarray(x)
+
+
+# --- the reference --------------------------------------------------------------------------
+
+
+def transformers_reference(model: Path, config: dict, inputs: dict, tokens: int) -> dict:
+    """The outputs of ``transformers`` in float64 (its class named by the config's
+    ``architectures``, else ``AutoModel``); raises ImportError without transformers."""
+    import torch
+    import transformers
+
+    names = config.get("architectures") or []
+    cls = next((getattr(transformers, n) for n in names if hasattr(transformers, n)), None)
+    cls = cls or transformers.AutoModel
+    hf = cls.from_pretrained(str(model), dtype=torch.float64).eval()
+    feed = {k: torch.from_numpy(np.asarray(v)) for k, v in inputs.items()}
+    if "pixel_values" in feed:
+        feed["pixel_values"] = feed["pixel_values"].to(torch.float64)
+    with torch.no_grad():
+        out = hf(**feed)
+        arrays = {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
+        if tokens and hasattr(hf, "generate") and _causal_lm(config):
+            ids = hf.generate(
+                **{k: feed[k] for k in ("input_ids", "attention_mask") if k in feed},
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                pad_token_id=config.get("pad_token_id") or 0,
+            )
+            arrays["generated_ids"] = ids.numpy()
+    return arrays
+
+
+# --- comparing ------------------------------------------------------------------------------
+
+
+def compare(got: dict, want: dict, inputs: dict) -> dict[str, dict]:
+    """Per output present in both: ``max_abs`` and ``relative`` (max_abs over the largest
+    reference magnitude), over real-token positions; ``generated_ids``: the fraction of
+    equal tokens."""
+    mask = inputs.get("attention_mask")
+    rows: dict[str, dict] = {}
+    for name in sorted(set(got) & set(want)):
+        a, b = np.asarray(got[name]), np.asarray(want[name])
+        if a.shape != b.shape:
+            rows[name] = {"shape": [list(a.shape), list(b.shape)], "agree": False}
+            continue
+        if name == "generated_ids":
+            rows[name] = {"token_match": float(np.mean(a == b))}
+            continue
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        if mask is not None and a.ndim >= 2 and a.shape[:2] == mask.shape:
+            keep = mask.astype(bool)
+            a, b = a[keep], b[keep]
+        err = float(np.max(np.abs(a - b))) if a.size else 0.0
+        scale = float(np.max(np.abs(b))) if b.size else 0.0
+        rows[name] = {"max_abs": err, "relative": err / scale if scale else err}
+    return rows
+
+
+def _run_worker(framework: str, args: argparse.Namespace, tmp: Path, inputs_path: Path):
+    out, status = tmp / f"{framework}.npz", tmp / f"{framework}.json"
+    env = dict(os.environ)
+    env.pop("KERAS_BACKEND", None)
+    if args.dtype == "float64":
+        env["JAX_ENABLE_X64"] = "1"
+    cmd = [sys.executable, "-m", "multiattn.conformance.model_check", "--worker",
+           "--framework", framework, "--model", str(args.model), "--inputs", str(inputs_path),
+           "--out", str(out), "--status", str(status), "--dtype", args.dtype,
+           "--tokens", str(args.tokens)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        _, err = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        return {"status": "hung", "reason": f"killed after {args.timeout:g}s (--timeout)"}, {}
+    if not status.is_file():
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return {"status": "crashed", "reason": f"exit {proc.returncode}: {tail[0]}"}, {}
+    result = json.loads(status.read_text())
+    arrays = dict(np.load(out)) if result.get("status") == "ran" else {}
+    return result, arrays
+
+
+def _installed(framework: str) -> bool:
+    import importlib.util
+
+    module = {"tensorflow": "tensorflow", "numpy": "numpy"}.get(framework, framework)
+    return importlib.util.find_spec(module) is not None
+
+
+def check_model(args: argparse.Namespace) -> dict:
+    """The whole check: the report as a dict (also what ``--json`` writes)."""
+    config = _config(args.model)
+    from multiattn.models.hf_families import family_of
+
+    family = family_of(config, str(args.model))
+    inputs = make_inputs(config, family.inputs, args.batch, args.length, args.seed)
+    report: dict[str, Any] = {
+        "model": str(args.model),
+        "model_type": family.model_type,
+        "dtype": args.dtype,
+        "inputs": {k: list(v.shape) for k, v in inputs.items()},
+        "frameworks": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="multiattn-model-check-") as tmp:
+        tmp_path = Path(tmp)
+        inputs_path = tmp_path / "inputs.npz"
+        np.savez(inputs_path, **inputs)
+        try:
+            want = transformers_reference(args.model, config, inputs, args.tokens)
+            report["reference"] = "transformers, float64"
+        except ImportError:
+            ref_args = argparse.Namespace(**{**vars(args), "dtype": "float64"})
+            result, want = _run_worker("numpy", ref_args, tmp_path, inputs_path)
+            if result.get("status") != "ran":
+                raise SystemExit(f"no reference: {result.get('reason')}") from None
+            report["reference"] = "multiattn on NumPy, float64"
+        tol = TOLERANCE[args.dtype]
+        for framework in args.frameworks:
+            if not _installed(framework):
+                report["frameworks"][framework] = {"status": "not installed"}
+                continue
+            result, got = _run_worker(framework, args, tmp_path, inputs_path)
+            if result.get("status") == "ran":
+                rows = compare(got, want, inputs)
+                result["outputs"] = rows
+                result["agree"] = all(
+                    r.get("relative", 0.0) <= tol and r.get("token_match", 1.0) == 1.0
+                    and r.get("agree", True)
+                    for r in rows.values()
+                )  # fmt: skip
+            report["frameworks"][framework] = result
+    return report
+
+
+def _print(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{report['model']} ({report['model_type']}, {report['dtype']}) against "
+        f"{report['reference']}"
+    )
+    for col in ("framework", "status", "output", "max abs error", "relative", "tokens", "note"):
+        table.add_column(col, overflow="fold" if col == "note" else "ellipsis")
+    for name, res in report["frameworks"].items():
+        rows = res.get("outputs") or {"": {}}
+        status = res["status"] if res["status"] != "ran" else (
+            "agrees" if res.get("agree") else "DISAGREES")  # fmt: skip
+        for i, (out, r) in enumerate(rows.items()):
+            table.add_row(
+                name if i == 0 else "",
+                status if i == 0 else "",
+                out,
+                f"{r['max_abs']:.2e}" if "max_abs" in r else "",
+                f"{r['relative']:.2e}" if "relative" in r else "",
+                f"{r['token_match']:.0%}" if "token_match" in r else "",
+                res.get("reason", "") if i == 0 else "",
+            )
+    Console(width=max(120, Console().width)).print(table)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="multiattn conformance --model",
+        description="Run a Hugging Face model folder on every installed framework and "
+        "compare it with transformers in float64.",
+    )
+    p.add_argument("--model", type=Path, required=True, help="the model folder")
+    p.add_argument("--frameworks", default=",".join(FRAMEWORKS),
+                   help=f"comma-separated subset of {','.join(FRAMEWORKS)}")  # fmt: skip
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--length", type=int, default=8, help="tokens per input row")
+    p.add_argument("--tokens", type=int, default=8, help="greedy tokens to compare (0: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds per framework before it is killed")  # fmt: skip
+    p.add_argument("--json", type=Path, default=None, help="write the report as JSON")
+    # the worker (internal)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--framework", help=argparse.SUPPRESS)
+    p.add_argument("--inputs", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--status", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit status 0 when every framework that ran agrees, 1 otherwise."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.worker:
+        return _worker(args)
+    frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    unknown = [f for f in frameworks if f not in FRAMEWORKS]
+    if unknown or not frameworks:
+        parser.error(f"--frameworks: unknown {unknown or frameworks!r}; expected among "
+                     f"{', '.join(FRAMEWORKS)}.")  # fmt: skip
+    for name in ("batch", "length"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be a positive integer; received {getattr(args, name)}")
+    if args.tokens < 0:
+        parser.error(f"--tokens must be 0 or more; received {args.tokens}")
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be a positive number of seconds; received {args.timeout}")
+    if not args.model.is_dir():
+        parser.error(f"--model {args.model}: not a folder")
+    args.frameworks = frameworks
+    report = check_model(args)
+    _print(report)
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+    ran = [r for r in report["frameworks"].values() if r["status"] == "ran"]
+    return 0 if ran and all(r.get("agree") for r in ran) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""``multiattn conformance --model DIR``: a user's model folder on every framework against
+transformers in float64 (conformance/model_check.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from multiattn.conformance import model_check as mc
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory) -> Path:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=24, max_position_embeddings=16)  # fmt: skip
+    path = tmp_path_factory.mktemp("model") / "bert"
+    BertModel(config).save_pretrained(path)
+    return path
+
+
+def test_compare_uses_real_positions_only_and_scales_by_the_reference():
+    want = {"last_hidden_state": np.array([[[1.0, -4.0], [2.0, 2.0]], [[1.0, 1.0], [9.0, 9.0]]])}
+    got = {"last_hidden_state": want["last_hidden_state"].copy()}
+    got["last_hidden_state"][0, 0, 1] += 0.04  # a real position: counted
+    got["last_hidden_state"][1, 1] = 1e6  # padding: ignored
+    mask = np.array([[1, 1], [1, 0]])
+    row = mc.compare(got, want, {"attention_mask": mask})["last_hidden_state"]
+    assert row["max_abs"] == pytest.approx(0.04)
+    assert row["relative"] == pytest.approx(0.04 / 4.0)  # 9.0 sits at the padding
+    ids = {"generated_ids": np.array([[1, 2, 3], [4, 5, 6]])}
+    other = {"generated_ids": np.array([[1, 2, 3], [4, 0, 6]])}
+    assert mc.compare(other, ids, {})["generated_ids"]["token_match"] == pytest.approx(5 / 6)
+
+
+@pytest.mark.parametrize("arch,side", [("BertModel", "right"), ("LlamaForCausalLM", "left")])
+def test_inputs_pad_the_second_row_on_the_models_side(arch, side):
+    config = {"vocab_size": 7, "architectures": [arch], "type_vocab_size": 2}
+    x = mc.make_inputs(config, ("input_ids", "attention_mask", "token_type_ids"), 2, 5, 0)
+    assert x["input_ids"].shape == (2, 5) and x["input_ids"].max() < 7
+    assert x["attention_mask"][0].all()
+    padded = x["attention_mask"][1]
+    assert list(padded) == ([0, 0, 1, 1, 1] if side == "left" else [1, 1, 1, 0, 0])
+    assert set(np.unique(x["token_type_ids"])) <= {0, 1}
+    images = mc.make_inputs({"image_size": 8, "num_channels": 3}, ("pixel_values",), 2, 5, 0)
+    assert images["pixel_values"].shape == (2, 3, 8, 8)
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "multiattn.cli", "conformance", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_folder_agrees_on_numpy_and_torch_and_paddle_says_why_not(bert_folder, tmp_path):
+    report_path = tmp_path / "r.json"
+    proc = _cli("--model", str(bert_folder), "--frameworks", "numpy,torch,paddle",
+                "--json", str(report_path), "--timeout", "300")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["model_type"] == "bert" and report["reference"] == "transformers, float64"
+    for name in ("numpy", "torch"):
+        res = report["frameworks"][name]
+        assert res["status"] == "ran" and res["agree"], res
+        assert set(res["outputs"]) == {"last_hidden_state", "pooler_output"}
+        assert all(r["relative"] < 1e-5 for r in res["outputs"].values())
+    assert report["frameworks"]["paddle"]["status"] == "unsupported"
+    assert "agrees" in proc.stdout
+
+
+def test_bad_arguments_are_refused_by_name(tmp_path):
+    proc = _cli("--model", str(tmp_path / "missing"))
+    assert proc.returncode == 2 and "--model" in proc.stderr and "not a folder" in proc.stderr
+    proc = _cli("--model", str(tmp_path), "--frameworks", "mxnet")
+    assert proc.returncode == 2 and "mxnet" in proc.stderr
+    proc = _cli("--model", str(tmp_path), "--frameworks", "numpy")
+    assert proc.returncode != 0 and "no config.json" in proc.stderr
