@@ -55,6 +55,7 @@ __all__ = [
     "attention_memory_budget",
     "get_attention_memory_budget",
     "get_block_size",
+    "get_fused_attention",
     "get_torch_onednn",
     "reload_environment",
     "set_attention_memory_budget",
@@ -186,6 +187,7 @@ def settings(
     attention_memory_budget: int | str | None = _UNSET,
     block_size: int | tuple[int, int] | None = _UNSET,
     torch_onednn: bool | None = _UNSET,
+    fused_attention: bool | None = _UNSET,
 ) -> Iterator[None]:
     """Scoped settings: inside the block, the given values apply to every multiattn call
     in this thread or asyncio task (``with settings(attention_memory_budget="64MiB",
@@ -201,6 +203,12 @@ def settings(
             `multiattn.ops.scaled_dot_product_attention`, it needs static lengths).
         torch_onednn: True (oneDNN) or False (BLAS) for the dense projections on PyTorch
             CPU (see `set_torch_onednn`).
+        fused_attention: True takes the backend's fused attention kernel wherever the
+            call allows it (no weights or dropout wanted, a backend that has one), False
+            the explicit softmax wherever the scores fit the attention memory budget
+            (beyond it a streaming path is taken either way); None (the default)
+            measures which is faster on the running machine, once per shape class
+            (`multiattn.tuning`).
 
     Values are read when a function is traced: under ``jax.jit`` and ``tf.function`` the
     values in force at tracing time are compiled in.
@@ -214,6 +222,13 @@ def settings(
         changes["block_size"] = None if block_size is None else _block_pair(block_size)
     if torch_onednn is not _UNSET:
         changes["torch_onednn"] = _check_onednn("settings", torch_onednn)
+    if fused_attention is not _UNSET:
+        if fused_attention is not None and not isinstance(fused_attention, bool):
+            raise TypeError(
+                "settings: `fused_attention` expects True, False or None; received "
+                f"{fused_attention!r}."
+            )
+        changes["fused_attention"] = fused_attention
     token = _scoped.set({**_scoped.get(), **changes})
     try:
         yield
@@ -279,6 +294,12 @@ def set_torch_onednn(enabled: bool | None) -> None:
     if enabled is not None and not isinstance(enabled, bool):
         raise TypeError(f"set_torch_onednn: expected True, False or None; received {enabled!r}.")
     _torch_onednn = enabled
+
+
+def get_fused_attention() -> bool | None:
+    """The innermost `settings` value of ``fused_attention``: True (the fused kernel where
+    the call allows it), False (the explicit softmax) or None (measured)."""
+    return _scoped.get().get("fused_attention")
 
 
 def get_torch_onednn() -> bool | None:

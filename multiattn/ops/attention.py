@@ -141,7 +141,10 @@ def attend(
             keep = ops.expand_dims(keep, 0)
     wanted = (bool(return_weights), dropout > 0.0 and bool(training))
     spec = _spec(ops, (query, key, value), keep, valid_lens, causal, dtype, block_size, wanted)
-    if plan.wants_timing(spec):
+    forced = config.get_fused_attention()
+    if forced is not None:
+        spec = dataclasses.replace(spec, fused_faster=forced)
+    elif plan.wants_timing(spec):
         spec = dataclasses.replace(
             spec,
             fused_faster=tuning.fused_attention_pays(

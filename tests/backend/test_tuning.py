@@ -287,3 +287,40 @@ def test_symbolic_tensors_take_the_namespace_default(monkeypatch):
     assert got is bool(getattr(ops, "fused_attention_pays", True))
     (decision,) = tuning.decisions()
     assert decision["how"] == "fallback" and "symbolic" in decision["reason"]
+
+
+@pytest.mark.parametrize("forced", [True, False])
+def test_fused_attention_setting_forces_the_path_without_timing(monkeypatch, forced):
+    """``settings(fused_attention=...)`` takes the fused kernel (where the backend has
+    one) or the explicit softmax without timing either; both give the oracle's numbers."""
+    from multiattn import reference as ref
+    from multiattn.ops.attention import attend
+
+    ops = get_ops()
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a forced choice was timed")
+
+    monkeypatch.setattr(tuning, "fused_attention_pays", no_timing)
+    calls = []
+    if _has_fused(ops):
+        real = type(ops).fused_attention
+
+        def spy(self, *args, **kwargs):
+            calls.append(1)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(ops), "fused_attention", spy)
+    q, k, v = _qkv(5, 7)
+    with config.settings(fused_attention=forced):
+        got = attend(ops, q, k, v, causal=True, scale=0.5)
+    assert bool(calls) is (forced and _has_fused(ops))
+    q64, k64, v64 = (np.swapaxes(keras.ops.convert_to_numpy(t), 1, 2) for t in (q, k, v))
+    want, _ = ref.scaled_dot_product_attention(q64, k64, v64, causal=True, scale=0.5)
+    assert_close(got, np.swapaxes(want, 1, 2), "float32")
+
+
+def test_fused_attention_setting_refuses_non_bools():
+    with pytest.raises(TypeError, match="fused_attention"):
+        with config.settings(fused_attention="yes"):
+            pass
