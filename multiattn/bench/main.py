@@ -4,7 +4,8 @@ Every framework runs in its own worker process (`multiattn.bench.worker`), one a
 other; inside a worker the implementations are timed interleaved. The parent turns the
 raw times into medians, ratios, GFLOP/s and memory, prints a table and writes JSON and a
 plot. ``--long`` instead runs `multiattn.bench.long`: long-sequence attention, one
-process per length.
+process per length; ``--decode`` runs `multiattn.bench.decode`: greedy ``generate`` of
+GPT-2- and Llama-shaped models beside transformers'.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .common import MODES, attention_flops, machine_info
+from .common import MODES, attention_flops, describe_cpu, machine_info
 from .impls import FRAMEWORKS, NATIVE_NOTE, missing_modules
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -125,7 +126,48 @@ def build_parser() -> argparse.ArgumentParser:
         default=6.0,
         help="lengths whose full score matrix exceeds this are stopped past it (default 6)",
     )
+    dec = p.add_argument_group("decoding (--decode)")
+    dec.add_argument(
+        "--decode",
+        action="store_true",
+        help="instead: greedy generate of GPT-2- and Llama-shaped models against transformers",
+    )
+    dec.add_argument("--decode-prompts", help="comma-separated prompt lengths (default 128,512)")
+    dec.add_argument("--decode-batches", help="comma-separated batch sizes (default 1,8)")
+    dec.add_argument("--decode-new-tokens", type=_positive, help="new tokens (default 64)")
     return p
+
+
+def _int_list(parser: argparse.ArgumentParser, flag: str, raw: str) -> list[int]:
+    try:
+        values = [int(v) for v in raw.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"{flag}: not integers: {raw!r}")
+    if not values or min(values) < 1:
+        parser.error(f"{flag} needs positive integers; received {raw!r}")
+    return sorted(set(values))
+
+
+def decode_config(args: argparse.Namespace, parser: argparse.ArgumentParser, cfg: dict) -> dict:
+    """The settings of ``--decode`` (``--quick``: prompts 16 and 32, batches 1 and 2, 8
+    new tokens)."""
+    quick = args.quick
+    new = args.decode_new_tokens or (8 if quick else 64)
+    if new < 2:
+        parser.error("--decode-new-tokens must be at least 2 (the rate is of the steps after one)")
+    from .decode import FRAMEWORKS as DECODE_FRAMEWORKS
+
+    return {
+        "prompts": _int_list(parser, "--decode-prompts",
+                             args.decode_prompts or ("16,32" if quick else "128,512")),
+        "batches": _int_list(parser, "--decode-batches",
+                             args.decode_batches or ("1,2" if quick else "1,8")),
+        "new_tokens": new,
+        "repeats": args.repeats or 3,
+        "frameworks": [f for f in cfg["frameworks"] if f in DECODE_FRAMEWORKS],
+        "seed": cfg["seed"],
+        "timeout": 3600.0,
+    }  # fmt: skip
 
 
 def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
@@ -292,6 +334,22 @@ def main(argv: list[str] | None = None) -> int:
             f"[yellow]note: load average {machine['load_average_start'][0]:.2f}; other "
             "processes are using the CPU and will disturb the timings[/]"
         )
+    if args.decode:
+        from .decode import print_decode, run_decode, write_decode_plot
+
+        dcfg = decode_config(args, parser, cfg)
+        with console.status("decoding") as status:
+            report["decode"] = run_decode(dcfg, lambda s: status.update(f"decode: {s}"))
+        console.print(describe_cpu(machine))
+        print_decode(report["decode"], console)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+        console.print(f"wrote {args.json}")
+        if args.plot:
+            write_decode_plot(report["decode"], Path(args.plot))
+            console.print(f"wrote {args.plot}")
+        ran = [i for i in report["decode"]["frameworks"].values() if i.get("status") == "ran"]
+        return 0 if len(ran) == len(report["decode"]["frameworks"]) else 1
     if args.long:
         from .long import run_long
 

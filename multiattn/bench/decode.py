@@ -1,0 +1,229 @@
+"""``multiattn bench --decode``: greedy decoding through the KV cache, side by side with
+transformers' ``generate``.
+
+Two model shapes, made by transformers with random weights and saved to a temporary
+folder: a GPT-2-shaped one (learned positions, LayerNorm, GELU) and a Llama-shaped one
+(RMSNorm, SwiGLU, rotary positions, grouped-query attention with 2 key/value heads for 8
+query heads); both hidden 256, 4 layers. Each framework runs in a process of its own
+(``python -m multiattn.bench.decode --worker``): it loads the folders with
+`multiattn.models.from_pretrained` and times ``model.generate`` (greedy) for every prompt
+length and batch; the torch process also times transformers' ``generate`` on the same
+inputs, in the same process, repeat by repeat beside multiattn's.
+
+Per case: **prefill ms** is the median time of ``generate(max_new_tokens=1)`` (the prompt
+through the cache, and one token); **tokens/s** is ``batch * (new_tokens - 1)`` over the
+median time of ``generate(max_new_tokens=new_tokens)`` minus the prefill, the rate of the
+steps after the prompt. Timing runs each case once untimed first (compilation on jax
+and tensorflow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FRAMEWORKS = ("jax", "torch", "tensorflow")
+MODELS = ("gpt2", "llama")
+HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 4, 8, 2, 1000
+
+
+def make_models(folder: Path, max_positions: int, seed: int = 0) -> dict[str, Path]:
+    """The two model folders (``gpt2``, ``llama``) written by transformers."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    gpt2 = GPT2LMHeadModel(GPT2Config(
+        vocab_size=VOCAB, n_positions=max_positions, n_embd=HIDDEN, n_layer=LAYERS,
+        n_head=HEADS, bos_token_id=0, eos_token_id=0,
+    ))  # fmt: skip
+    llama = LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=688, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+        max_position_embeddings=max_positions, bos_token_id=0, eos_token_id=0,
+    ))  # fmt: skip
+    paths = {}
+    for name, model in (("gpt2", gpt2), ("llama", llama)):
+        paths[name] = folder / name
+        model.save_pretrained(paths[name])
+    return paths
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def _cases(cfg: dict) -> list[tuple[str, int, int]]:
+    return [(m, p, b) for m in MODELS for p in cfg["prompts"] for b in cfg["batches"]]
+
+
+def _inputs(prompt: int, batch: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(1, VOCAB, (batch, prompt)).astype(np.int64)
+
+
+def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
+    """Time multiattn's ``generate`` (and, on torch, transformers') for every case."""
+    import keras
+
+    from multiattn.models import from_pretrained
+
+    if framework == "torch":
+        import torch
+
+        torch.set_grad_enabled(False)
+    new = cfg["new_tokens"]
+    rows = []
+    for name, prompt, batch in _cases(cfg):
+        model = from_pretrained(folders[name])
+        ids = _inputs(prompt, batch, cfg["seed"])
+
+        def ours(n: int, model=model, ids=ids) -> Any:
+            return model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
+
+        runs = {"multiattn": ours}
+        if framework == "torch":
+            runs["transformers"] = _transformers_runner(folders[name], ids)
+        for n in (1, new):  # compile and warm every shape first
+            for fn in runs.values():
+                fn(n)
+        for impl, fn in runs.items():
+            prefill = _median_ms(lambda fn=fn: fn(1), cfg["repeats"])
+            total = _median_ms(lambda fn=fn: fn(new), cfg["repeats"])
+            steps = max(total - prefill, 1e-6)
+            rows.append({
+                "model": name, "prompt": prompt, "batch": batch, "implementation": impl,
+                "prefill_ms": prefill, "total_ms": total,
+                "tokens_per_s": batch * (new - 1) / (steps / 1e3),
+            })  # fmt: skip
+        del model
+    return {"backend": keras.backend.backend(), "rows": rows}
+
+
+def _transformers_runner(folder: str, ids: np.ndarray):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tensor = torch.from_numpy(ids)
+
+    def run(n: int) -> Any:
+        return hf.generate(
+            tensor, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+        )
+
+    return run
+
+
+def run_decode(cfg: dict, on_line) -> dict:
+    """Every framework's process in turn; the report's ``decode`` section."""
+    out: dict[str, Any] = {"config": cfg, "frameworks": {}, "rows": []}
+    with tempfile.TemporaryDirectory(prefix="multiattn-bench-decode-") as tmp:
+        folders = make_models(Path(tmp), max(cfg["prompts"]) + cfg["new_tokens"] + 8)
+        for fw in cfg["frameworks"]:
+            on_line(f"{fw}: generating")
+            result = _run_worker(fw, cfg, {k: str(v) for k, v in folders.items()}, Path(tmp))
+            out["frameworks"][fw] = {k: v for k, v in result.items() if k != "rows"}
+            out["rows"] += [{"framework": fw, **r} for r in result.get("rows", [])]
+    return out
+
+
+def _run_worker(framework: str, cfg: dict, folders: dict, tmp: Path) -> dict:
+    result_path = tmp / f"{framework}.json"
+    env = dict(os.environ, KERAS_BACKEND=framework, TF_CPP_MIN_LOG_LEVEL="3")
+    cmd = [sys.executable, "-m", "multiattn.bench.decode", "--worker", framework,
+           "--config", json.dumps(cfg), "--folders", json.dumps(folders),
+           "--out", str(result_path)]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=cfg["timeout"])  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"status": "hung", "reason": f"killed after {cfg['timeout']:g} s"}
+    if proc.returncode != 0 or not result_path.exists():
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        return {"status": "crashed", "reason": f"exit code {proc.returncode}: {tail}"}
+    return {"status": "ran", **json.loads(result_path.read_text())}
+
+
+def print_decode(section: dict, console: Any) -> None:
+    from rich.table import Table
+
+    cfg = section["config"]
+    table = Table(
+        title=f"Greedy decoding, {cfg['new_tokens']} new tokens (median of {cfg['repeats']})"
+    )
+    for col in ("model", "prompt", "batch", "framework", "implementation", "prefill ms",
+                "tokens/s", "x transformers"):  # fmt: skip
+        table.add_column(col, justify="right" if col not in ("model", "framework") else "left")
+    hf = {(r["model"], r["prompt"], r["batch"]): r["tokens_per_s"] for r in section["rows"]
+          if r["implementation"] == "transformers"}  # fmt: skip
+    for r in sorted(section["rows"], key=lambda r: (r["model"], r["prompt"], r["batch"])):
+        base = hf.get((r["model"], r["prompt"], r["batch"]))
+        table.add_row(
+            r["model"], str(r["prompt"]), str(r["batch"]), r["framework"], r["implementation"],
+            f"{r['prefill_ms']:.1f}", f"{r['tokens_per_s']:.0f}",
+            f"{r['tokens_per_s'] / base:.2f}" if base else "",
+        )  # fmt: skip
+    console.print(table)
+    for fw, info in section["frameworks"].items():
+        if info.get("status") != "ran":
+            console.print(f"{fw}: {info.get('status')} ({info.get('reason', '')})")
+
+
+def write_decode_plot(section: dict, path: Path) -> None:
+    """Tokens/s per case and implementation, one bar group per case."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = section["rows"]
+    cases = sorted({(r["model"], r["prompt"], r["batch"]) for r in rows})
+    impls = sorted({(r["framework"], r["implementation"]) for r in rows})
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cases)), 4))
+    width = 0.8 / max(1, len(impls))
+    for i, (fw, impl) in enumerate(impls):
+        values = [
+            next((r["tokens_per_s"] for r in rows if (r["model"], r["prompt"], r["batch"]) == c
+                  and (r["framework"], r["implementation"]) == (fw, impl)), 0.0)
+            for c in cases
+        ]  # fmt: skip
+        label = impl if impl == "transformers" else f"multiattn ({fw})"
+        ax.bar(np.arange(len(cases)) + i * width, values, width, label=label)
+    ax.set_xticks(np.arange(len(cases)) + 0.4 - width / 2)
+    ax.set_xticklabels([f"{m}\nprompt {p}, batch {b}" for m, p, b in cases], fontsize=8)
+    ax.set_ylabel("new tokens / s")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m multiattn.bench.decode")
+    parser.add_argument("--worker", required=True, choices=FRAMEWORKS)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--folders", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    result = worker(args.worker, json.loads(args.config), json.loads(args.folders))
+    Path(args.out).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
