@@ -8,6 +8,12 @@ inputs and weights are rounded to the case's dtype first, then the oracle
 differences, the gradients of ``sum(output * cotangent)`` with respect to every floating
 input and weight.
 
+Each op is one entry of `OPERATIONS`: its float64 oracle, the core function or layer the
+core targets call, and the keep mask of its attention rows (from which
+`multiattn.conformance.spec` computes the properties each variant exercises, e.g.
+``empty_rows``; each variant's description is in ``spec.DESCRIPTIONS``). Adding an op is
+one entry there, plus its ``_forward_<op>`` method in `target_core` for a core op.
+
 Ops and what a target must return (see ``docs/conformance.md``):
 
 * ``masked_softmax``: ``output``.
@@ -44,11 +50,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from multiattn import reference as ref
+
+from . import spec
 
 DTYPE_SUFFIX = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 ALL_DTYPES = tuple(DTYPE_SUFFIX)
@@ -151,119 +160,132 @@ def repeat_kv_heads(query: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.repeat(x, query.shape[-3] // x.shape[-3], axis=-3)
 
 
-def oracle(op: str, inputs: dict, weights: dict, params: dict) -> dict[str, np.ndarray]:
-    """Expected outputs of ``op`` in float64."""
-    if op == "masked_softmax":
-        return {"output": ref.masked_softmax(inputs["x"], **_masks(inputs))}
-    if op == "dot_scores":
-        return {"output": ref.dot_scores(inputs["query"], inputs["key"])}
-    if op == "scaled_dot_scores":
-        return {
-            "output": ref.scaled_dot_scores(inputs["query"], inputs["key"], params.get("scale"))
-        }
-    if op == "additive_scores":
-        return {
-            "output": ref.additive_scores(
-                inputs["query"], inputs["key"], weights["w_q"], weights["w_k"], weights["w_v"]
-            )
-        }
-    if op == "general_scores":
-        return {"output": ref.general_scores(inputs["query"], inputs["key"], weights["w"])}
-    if op == "sdpa":
-        query = inputs["query"]
-        # an infinite key no query may attend gives inf - inf in its scores, which the
-        # oracle selects away: no warning for it
-        with np.errstate(invalid="ignore"):
-            out, w = ref.scaled_dot_product_attention(
-                query,
-                repeat_kv_heads(query, inputs["key"]),
-                repeat_kv_heads(query, inputs["value"]),
-                causal=params.get("causal", False),
-                scale=params.get("scale"),
-                **_masks(inputs),
-            )
-        return {"output": out, "weights": w}
-    if op == "mha":
-        value = inputs["query"] if params.get("self") else inputs["value"]
-        key = value if params.get("self") else inputs.get("key")
-        out, w = ref.multi_head_attention(
-            inputs["query"],
-            value,
-            key,
-            weights=_mha_kernels(weights, params),
+def _oracle_masked_softmax(inputs: dict, weights: dict, params: dict) -> dict:
+    return {"output": ref.masked_softmax(inputs["x"], **_masks(inputs))}
+
+
+def _oracle_dot_scores(inputs: dict, weights: dict, params: dict) -> dict:
+    return {"output": ref.dot_scores(inputs["query"], inputs["key"])}
+
+
+def _oracle_scaled_dot_scores(inputs: dict, weights: dict, params: dict) -> dict:
+    return {"output": ref.scaled_dot_scores(inputs["query"], inputs["key"], params.get("scale"))}
+
+
+def _oracle_additive_scores(inputs: dict, weights: dict, params: dict) -> dict:
+    q, k = inputs["query"], inputs["key"]
+    return {"output": ref.additive_scores(q, k, weights["w_q"], weights["w_k"], weights["w_v"])}
+
+
+def _oracle_general_scores(inputs: dict, weights: dict, params: dict) -> dict:
+    return {"output": ref.general_scores(inputs["query"], inputs["key"], weights["w"])}
+
+
+def _oracle_sdpa(inputs: dict, weights: dict, params: dict) -> dict:
+    query = inputs["query"]
+    # an infinite key no query may attend gives inf - inf in its scores, which the
+    # oracle selects away: no warning for it
+    with np.errstate(invalid="ignore"):
+        out, w = ref.scaled_dot_product_attention(
+            query,
+            repeat_kv_heads(query, inputs["key"]),
+            repeat_kv_heads(query, inputs["value"]),
             causal=params.get("causal", False),
-            rotary_base=params.get("rotary_base") if params.get("rotary_max_length") else None,
+            scale=params.get("scale"),
             **_masks(inputs),
         )
-        return {"output": out, "weights": w}
-    if op == "rope":
-        x = inputs["x"].transpose(0, 2, 1, 3)  # (B, H, T, D)
-        positions = params["offset"] + np.arange(x.shape[2])
-        out = ref.rotary_embedding(x, positions, params["base"])
-        return {"output": out.transpose(0, 2, 1, 3)}
-    if op == "mha_decode":
-        out, _ = ref.multi_head_attention(
-            inputs["query"],
-            inputs["query"],
-            weights=_mha_kernels(weights, params),
-            causal=True,
-            rotary_base=params["rotary_base"] if params.get("rotary_max_length") else None,
-        )
-        return {"output": out}
-    if op in ("decoder", "decoder_decode"):
-        out = ref.transformer_decoder_layer(
-            inputs["x"],
-            inputs["context"],
-            weights=_decoder_weights(weights, params),
-            norm_first=params["norm_first"],
-            epsilon=params["epsilon"],
-            activation=params["activation"],
-            context_valid_lens=inputs.get("context_valid_lens"),
-            rotary_base=params["rotary_base"] if params.get("rotary_max_length") else None,
-        )
-        return {"output": out}
-    if op == "positional":
-        x = inputs["x"]
-        return {
-            "output": x + ref.sinusoidal_encoding(x.shape[1], x.shape[2], layout=params["layout"])
-        }
-    if op == "encoder":
-        attention = {
-            "W_q": weights["W_q"],
-            "W_k": weights["W_k"],
-            "W_v": weights["W_v"],
-            "W_o": weights["W_o"],
-            "b_q": weights["b_q"],
-            "b_k": weights["b_k"],
-            "b_v": weights["b_v"],
-            "b_o": weights["b_o"],
-        }
-        enc = {
-            "attention": _mha_kernels(attention, {**params, "head_layout": "contiguous"}),
-            "ffn_w1": weights["ffn_w1"],
-            "ffn_b1": weights["ffn_b1"],
-            "ffn_w2": weights["ffn_w2"],
-            "ffn_b2": weights["ffn_b2"],
-            "norm1_gamma": weights["norm1_gamma"],
-            "norm1_beta": weights["norm1_beta"],
-            "norm2_gamma": weights["norm2_gamma"],
-            "norm2_beta": weights["norm2_beta"],
-        }
-        out = ref.transformer_encoder_layer(
-            inputs["x"],
-            weights=enc,
-            num_heads=params["num_heads"],
-            norm_first=params["norm_first"],
-            epsilon=params["epsilon"],
-            activation=params["activation"],
-            **_masks(inputs),
-        )
-        return {"output": out}
-    if op == "rms_norm":
-        return {"output": ref.rms_norm(inputs["x"], weights.get("scale"), params["epsilon"])}
-    if op.startswith("doc_"):
-        return _document_oracle(op, inputs, weights, params)
-    raise ValueError(f"unknown op {op!r}")
+    return {"output": out, "weights": w}
+
+
+def _rotary_base(params: dict) -> float | None:
+    return params.get("rotary_base") if params.get("rotary_max_length") else None
+
+
+def _oracle_mha(inputs: dict, weights: dict, params: dict) -> dict:
+    value = inputs["query"] if params.get("self") else inputs["value"]
+    key = value if params.get("self") else inputs.get("key")
+    out, w = ref.multi_head_attention(
+        inputs["query"],
+        value,
+        key,
+        weights=_mha_kernels(weights, params),
+        causal=params.get("causal", False),
+        rotary_base=_rotary_base(params),
+        **_masks(inputs),
+    )
+    return {"output": out, "weights": w}
+
+
+def _oracle_rope(inputs: dict, weights: dict, params: dict) -> dict:
+    x = inputs["x"].transpose(0, 2, 1, 3)  # (B, H, T, D)
+    positions = params["offset"] + np.arange(x.shape[2])
+    out = ref.rotary_embedding(x, positions, params["base"])
+    return {"output": out.transpose(0, 2, 1, 3)}
+
+
+def _oracle_mha_decode(inputs: dict, weights: dict, params: dict) -> dict:
+    out, _ = ref.multi_head_attention(
+        inputs["query"],
+        inputs["query"],
+        weights=_mha_kernels(weights, params),
+        causal=True,
+        rotary_base=_rotary_base(params),
+    )
+    return {"output": out}
+
+
+def _oracle_decoder(inputs: dict, weights: dict, params: dict) -> dict:
+    out = ref.transformer_decoder_layer(
+        inputs["x"],
+        inputs["context"],
+        weights=_decoder_weights(weights, params),
+        norm_first=params["norm_first"],
+        epsilon=params["epsilon"],
+        activation=params["activation"],
+        context_valid_lens=inputs.get("context_valid_lens"),
+        rotary_base=_rotary_base(params),
+    )
+    return {"output": out}
+
+
+def _oracle_positional(inputs: dict, weights: dict, params: dict) -> dict:
+    x = inputs["x"]
+    return {"output": x + ref.sinusoidal_encoding(x.shape[1], x.shape[2], layout=params["layout"])}
+
+
+ENCODER_WEIGHTS = (
+    *("ffn_w1", "ffn_b1", "ffn_w2", "ffn_b2"),
+    *("norm1_gamma", "norm1_beta", "norm2_gamma", "norm2_beta"),
+)
+
+
+def _oracle_encoder(inputs: dict, weights: dict, params: dict) -> dict:
+    attention = {n: weights[n] for n in ATTENTION_WEIGHTS}
+    enc = {
+        "attention": _mha_kernels(attention, {**params, "head_layout": "contiguous"}),
+        **{n: weights[n] for n in ENCODER_WEIGHTS},
+    }
+    out = ref.transformer_encoder_layer(
+        inputs["x"],
+        weights=enc,
+        num_heads=params["num_heads"],
+        norm_first=params["norm_first"],
+        epsilon=params["epsilon"],
+        activation=params["activation"],
+        **_masks(inputs),
+    )
+    return {"output": out}
+
+
+def _oracle_rms_norm(inputs: dict, weights: dict, params: dict) -> dict:
+    return {"output": ref.rms_norm(inputs["x"], weights.get("scale"), params["epsilon"])}
+
+
+def oracle(op: str, inputs: dict, weights: dict, params: dict) -> dict[str, np.ndarray]:
+    """Expected outputs of ``op`` in float64 (the oracle of its `OPERATIONS` entry)."""
+    if op not in OPERATIONS:
+        raise ValueError(f"unknown op {op!r}")
+    return OPERATIONS[op].oracle(inputs, weights, params)
 
 
 # --- the source documents' conventions ----------------------------------------------------
@@ -343,6 +365,129 @@ def _document_oracle(op: str, inputs: dict, weights: dict, params: dict) -> dict
         )
         return {"output": ref.layer_norm(h + ffn, weights["ln2_gamma"], weights["ln2_beta"], 1e-6)}
     raise ValueError(f"unknown document op {op!r}")
+
+
+# --- the operations: oracle, core function, attention rows ------------------------------------
+
+
+def _no_rows(inputs: dict, params: dict) -> None:
+    return None
+
+
+def _rows(q: np.ndarray, tk: int, inputs: dict, params: dict, heads: int = 1, causal=None):
+    """The keep mask of queries ``q`` (batch first, queries on axis -2) over ``tk`` keys."""
+    return spec.keep_mask(
+        q.shape[0],
+        heads,
+        q.shape[-2],
+        tk,
+        lens=inputs.get("valid_lens"),
+        mask=inputs.get("mask"),
+        causal=params.get("causal", False) if causal is None else causal,
+    )
+
+
+def _rows_softmax(inputs: dict, params: dict) -> np.ndarray:
+    x = inputs["x"]
+    return _rows(x, x.shape[-1], inputs, params)
+
+
+def _rows_sdpa(inputs: dict, params: dict) -> np.ndarray:
+    q = inputs["query"]
+    return _rows(q, inputs["key"].shape[-2], inputs, params, q.shape[1] if q.ndim == 4 else 1)
+
+
+def _rows_mha(inputs: dict, params: dict) -> np.ndarray:
+    q = inputs["query"]
+    return _rows(q, q.shape[1] if params.get("self") else inputs["value"].shape[1], inputs, params)
+
+
+def _rows_self(inputs: dict, params: dict) -> np.ndarray:
+    return _rows(inputs["x"], inputs["x"].shape[1], inputs, params)
+
+
+def _rows_decode(inputs: dict, params: dict) -> np.ndarray:
+    q = inputs["query"]
+    return _rows(q, q.shape[1], {}, params, causal=True)
+
+
+def _rows_decoder(inputs: dict, params: dict) -> np.ndarray:
+    """The cross-attention rows (the causal self-attention has no empty row)."""
+    x, context = inputs["x"], inputs["context"]
+    return _rows(x, context.shape[1], {"valid_lens": inputs["context_valid_lens"]}, params)
+
+
+def _rows_d2l(inputs: dict, params: dict) -> np.ndarray:
+    if "x" in inputs:
+        return _rows_softmax(inputs, params)
+    return _rows(inputs["queries"], inputs["keys"].shape[1], inputs, params)
+
+
+def _rows_tf(inputs: dict, params: dict) -> np.ndarray:
+    """The TensorFlow document's mask says 1 = masked out."""
+    q = inputs.get("q", inputs.get("x"))
+    keep = {"mask": np.asarray(inputs["mask"]) == 0}
+    heads = q.shape[1] if q.ndim == 4 else 1
+    return _rows(q, inputs.get("k", q).shape[-2], keep, params, heads)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One operation of the suite.
+
+    * ``oracle(inputs, weights, params) -> {"output": ..., ...}`` in float64;
+    * ``core``: the `multiattn` function (``ops.*``, which the Paddle namespace runs too) or
+      layer (``layers.*``) the core targets call ("" for the documents' adapters);
+    * ``rows(inputs, params)``: the keep mask ``(batch, heads, queries, keys)`` of its
+      attention, from which `spec` finds empty rows (None: no attention rows);
+    * ``declares``: properties every case of the op has that its inputs cannot show.
+    """
+
+    oracle: Callable[[dict, dict, dict], dict[str, np.ndarray]]
+    core: str = ""
+    rows: Callable[[dict, dict], np.ndarray | None] = _no_rows
+    declares: tuple[str, ...] = ()
+
+
+def _doc(op: str, rows: Callable = _no_rows) -> Operation:
+    return Operation(partial(_document_oracle, op), rows=rows, declares=("document",))
+
+
+OPERATIONS: dict[str, Operation] = {
+    "masked_softmax": Operation(_oracle_masked_softmax, "ops.masked_softmax", _rows_softmax),
+    "dot_scores": Operation(_oracle_dot_scores, "ops.dot_scores"),
+    "scaled_dot_scores": Operation(_oracle_scaled_dot_scores, "ops.scaled_dot_scores"),
+    "additive_scores": Operation(_oracle_additive_scores, "ops.additive_scores"),
+    "general_scores": Operation(_oracle_general_scores, "ops.general_scores"),
+    "sdpa": Operation(_oracle_sdpa, "ops.scaled_dot_product_attention", _rows_sdpa),
+    "mha": Operation(_oracle_mha, "layers.MultiHeadAttention", _rows_mha),
+    "positional": Operation(_oracle_positional, "layers.PositionalEncoding"),
+    "encoder": Operation(_oracle_encoder, "layers.TransformerEncoderLayer", _rows_self),
+    "rope": Operation(_oracle_rope, "ops.rotary_embedding"),
+    "mha_decode": Operation(
+        _oracle_mha_decode, "layers.MultiHeadAttention", _rows_decode, ("cache", "causal")
+    ),
+    "decoder": Operation(
+        _oracle_decoder, "layers.TransformerDecoderLayer", _rows_decoder, ("causal",)
+    ),
+    "decoder_decode": Operation(
+        _oracle_decoder, "layers.TransformerDecoderLayer", _rows_decoder, ("cache", "causal")
+    ),
+    "rms_norm": Operation(_oracle_rms_norm, "ops.rms_norm"),
+    "doc_d2l_masked_softmax": _doc("doc_d2l_masked_softmax", _rows_d2l),
+    "doc_d2l_additive": _doc("doc_d2l_additive", _rows_d2l),
+    "doc_d2l_dot": _doc("doc_d2l_dot", _rows_d2l),
+    "doc_paddle_dot": _doc("doc_paddle_dot", _rows_d2l),
+    "doc_paddle_mha": _doc("doc_paddle_mha", _rows_d2l),
+    "doc_tf_sdpa": _doc("doc_tf_sdpa", _rows_tf),
+    "doc_tf_mha": _doc("doc_tf_mha", _rows_tf),
+    "doc_tf_encoder": _doc("doc_tf_encoder", _rows_tf),
+}
+
+
+def core_ops(kind: str = "") -> set[str]:
+    """The ops with a core function (``kind="ops."``: only the `multiattn.ops` functions)."""
+    return {op for op, entry in OPERATIONS.items() if entry.core and entry.core.startswith(kind)}
 
 
 # --- variants ----------------------------------------------------------------------------

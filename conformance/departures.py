@@ -8,7 +8,8 @@ case is one of
 
 * ``pass``: agrees with the oracle within the case's tolerance;
 * ``depart``: departs, **only** on empty rows or on poisoned rows, in the way recorded in
-  `KNOWN` below;
+  `KNOWN` below (rules on the cases' op, dtype and properties, from
+  `multiattn.conformance.spec`: "rows with ``empty_rows`` are uniform");
 * ``fail``: departs anywhere else, or differently from the record, or a recorded
   departure did not occur (the record is then out of date);
 * ``skip``: not applicable (the layer cannot express the case).
@@ -27,7 +28,6 @@ rows hold: ``"nan"`` or ``"agree"``.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from dataclasses import dataclass, field
 
@@ -35,12 +35,15 @@ import numpy as np
 
 from multiattn import reference as ref
 
+from . import spec
 from .fixtures import Case
 
 
 @dataclass(frozen=True)
 class Departure:
-    """A recorded departure on the cases matching the glob ``cases``:
+    """A recorded departure, on the cases of ``ops`` (empty: any op) that have every
+    property in ``when`` and none in ``unless`` (see `multiattn.conformance.spec`), in
+    ``dtypes`` (empty: any dtype):
 
     * ``empty``: array name -> what its empty rows hold (``"nan"``, ``"uniform"``,
       ``"unmasked"``);
@@ -50,99 +53,108 @@ class Departure:
     * ``raises``: the layer raises an error whose message contains this text.
     """
 
-    cases: str
+    ops: tuple[str, ...] = ()
+    when: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
     empty: dict[str, str] = field(default_factory=dict)
     within: float | None = None
     raises: str = ""
     why: str = ""
     poisoned: dict[str, str] = field(default_factory=dict)
 
+    def applies(self, case: Case, properties: set[str]) -> bool:
+        return (
+            (not self.ops or case.op in self.ops)
+            and (not self.dtypes or case.dtype in self.dtypes)
+            and set(self.when) <= properties
+            and not set(self.unless) & properties
+        )
 
-# sdpa cases with an empty row (a zero length, an all-False mask row, or more queries than
-# keys under a bottom-right causal mask)
-_EMPTY = (
-    "sdpa_lens_1d_*",
-    "sdpa_lens_2d_*",
-    "sdpa_mask_*",
-    "sdpa_causal_more_queries_*",
-    "sdpa_blockwise_lens_1d_*",
-    "sdpa_blockwise_lens_2d_*",
-    "sdpa_blockwise_mask_*",
-    "sdpa_blockwise_causal_more_queries_*",
-    "sdpa_blockwise_everything_*",
-    "sdpa_*poisoned_huge_*",  # query 0 (in the NaN and inf cases a poisoned row instead)
-)
-# NaN or inf in the keys and values no query may attend
-_POISONED = ("sdpa_*poisoned_nan_*", "sdpa_*poisoned_inf_*")
+    def rule(self) -> str:
+        """The rule in words: ``"sdpa with empty_rows, not poisoned, in float64"``."""
+        parts = ["/".join(self.ops) or "any case"]
+        parts += [f"with {' and '.join(self.when)}"] if self.when else []
+        parts += [f"not {' or '.join(self.unless)}"] if self.unless else []
+        parts += [f"in {'/'.join(self.dtypes)}"] if self.dtypes else []
+        return ", ".join(parts)
+
+
+# An empty row in a poisoned batch element is judged as poisoned (`classify`), so the
+# rules on empty rows leave the poisoned cases out.
 _F32_LOGITS = "computes float64 attention logits in float32"
-_KERAS_MHA = (
-    Departure(
-        "mha_masked_rows_*",
-        {"output": "uniform"},
-        why="the fused path (ops.dot_product_attention) gives uniform rows; the explicit path, "
-        "taken with return_attention_scores=True, gives zeros",
-    ),
+_MHA_EMPTY = dict(ops=("mha",), when=("empty_rows",))
+_SDPA_POISONED = dict(ops=("sdpa",), when=("poisoned",), poisoned={"output": "nan"})
+_KERAS_MHA = Departure(
+    **_MHA_EMPTY,
+    empty={"output": "uniform"},
+    why="the fused path (ops.dot_product_attention) gives uniform rows; the explicit path, "
+    "taken with return_attention_scores=True, gives zeros",
 )
 
 # Measured by running the frameworks (torch 2.13.0, jax 0.10.2, flax 0.12.8, keras 3.15.1,
-# tensorflow 2.21.0, paddlepaddle 3.3.1, CPU). A case with an empty row that is not listed
+# tensorflow 2.21.0, paddlepaddle 3.3.1, CPU). A case with an empty row that no rule covers
 # for a target agrees with the oracle there (the layer gives zeros).
 KNOWN: dict[str, tuple[Departure, ...]] = {
     "native-torch": (
-        *(
-            Departure(
-                p,
-                poisoned={"output": "nan"},
-                why="the mask is added to the scores (NaN + -inf is NaN) and the zero weights "
-                "multiply the values (0 * NaN, 0 * inf)",
-            )
-            for p in _POISONED
+        Departure(
+            **_SDPA_POISONED,
+            why="the mask is added to the scores (NaN + -inf is NaN) and the zero weights "
+            "multiply the values (0 * NaN, 0 * inf)",
         ),
         Departure(
-            "mha_masked_rows_*",
-            {"output": "nan", "weights": "nan"},
+            **_MHA_EMPTY,
+            empty={"output": "nan", "weights": "nan"},
             why="nn.MultiheadAttention with need_weights=True fills masked scores with -inf",
         ),
     ),
     "native-jax": (
-        *(
-            Departure(p, {"output": "uniform"}, why="masked scores become a large negative number")
-            for p in _EMPTY
-        ),
-        *(
-            Departure(
-                p,
-                poisoned={"output": "nan"},
-                why="the zero weights of masked keys multiply their values (0 * NaN, 0 * inf)",
-            )
-            for p in _POISONED
+        Departure(
+            ("sdpa",),
+            ("empty_rows",),
+            ("poisoned",),
+            empty={"output": "uniform"},
+            why="masked scores become a large negative number",
         ),
         Departure(
-            "mha_masked_rows_*",
-            {"output": "uniform"},
+            **_SDPA_POISONED,
+            why="the zero weights of masked keys multiply their values (0 * NaN, 0 * inf)",
+        ),
+        Departure(
+            **_MHA_EMPTY,
+            empty={"output": "uniform"},
             why="flax.nnx.MultiHeadAttention masks with the dtype's lowest value",
         ),
-        Departure("*_f64", within=1e-6, why=_F32_LOGITS),
+        Departure(dtypes=("float64",), within=1e-6, why=_F32_LOGITS),
     ),
     "native-keras-jax": (  # run in float32 only
-        *_KERAS_MHA,
+        _KERAS_MHA,
         Departure(
-            "mha_value_dim_*",
+            ("mha",),
+            ("value_dim",),
             raises="cannot reshape",
             why="the fused path on jax needs value_dim == key_dim",
         ),
     ),
-    "native-keras-torch": (*_KERAS_MHA, Departure("*_f64", within=1e-6, why=_F32_LOGITS)),
-    "native-keras-tensorflow": (*_KERAS_MHA, Departure("*_f64", within=1e-7, why=_F32_LOGITS)),
+    "native-keras-torch": (
+        _KERAS_MHA,
+        Departure(dtypes=("float64",), within=1e-6, why=_F32_LOGITS),
+    ),
+    "native-keras-tensorflow": (
+        _KERAS_MHA,
+        Departure(dtypes=("float64",), within=1e-7, why=_F32_LOGITS),
+    ),
     "native-paddle": (
         Departure(
-            "mha_masked_rows_f32",
-            {"output": "uniform", "weights": "uniform"},
+            **_MHA_EMPTY,
+            dtypes=("float32",),
+            empty={"output": "uniform", "weights": "uniform"},
             why="a boolean attn_mask becomes the additive (mask - 1) * 1e9",
         ),
         Departure(
-            "mha_masked_rows_f64",
-            {"output": "unmasked", "weights": "unmasked"},
+            **_MHA_EMPTY,
+            dtypes=("float64",),
+            empty={"output": "unmasked", "weights": "unmasked"},
             why="in float64, adding -1e9 to every score of a row keeps their differences",
         ),
     ),
@@ -152,19 +164,24 @@ KNOWN: dict[str, tuple[Departure, ...]] = {
 KIND_TOL = 1e-4  # how close an empty row must be to an answer to be called that answer
 
 
-def recorded(target: str, case_name: str) -> Departure | None:
-    """Every recorded departure of ``target`` matching ``case_name``, merged into one."""
-    found = [d for d in KNOWN.get(target, ()) if fnmatch.fnmatch(case_name, d.cases)]
+def recorded(target: str, case: Case) -> Departure | None:
+    """Every recorded departure of ``target`` that applies to ``case`` (by its op, dtype
+    and properties), merged into one."""
+    rules = KNOWN.get(target, ())
+    if not rules:
+        return None
+    properties = spec.case_properties(case)
+    found = [d for d in rules if d.applies(case, properties)]
     if not found:
         return None
     within = [d.within for d in found if d.within is not None]
     return Departure(
-        case_name,
-        {k: v for d in found for k, v in d.empty.items()},
-        max(within) if within else None,
-        next((d.raises for d in found if d.raises), ""),
-        "; ".join(d.why for d in found if d.why),
-        {k: v for d in found for k, v in d.poisoned.items()},
+        (case.op,),
+        empty={k: v for d in found for k, v in d.empty.items()},
+        within=max(within) if within else None,
+        raises=next((d.raises for d in found if d.raises), ""),
+        why="; ".join(d.why for d in found if d.why),
+        poisoned={k: v for d in found for k, v in d.poisoned.items()},
     )
 
 
@@ -309,7 +326,7 @@ def verdict(
     """Status (``pass`` / ``depart`` / ``fail``) of a native target's case and a one-line
     description. ``error``: the message of an exception the layer raised (then
     ``result`` is None)."""
-    dep = recorded(target, case.name)
+    dep = recorded(target, case)
     if error:
         if dep is not None and dep.raises and dep.raises in error:
             return "depart", f"raises: {error.splitlines()[0][:160]}"

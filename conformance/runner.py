@@ -311,7 +311,26 @@ def build_parser() -> argparse.ArgumentParser:
         f"long and report it as hung (default {DEFAULT_TIMEOUT:g})",
     )
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
+    parser.add_argument(
+        "--list-cases",
+        action="store_true",
+        help="list the case variants with their description and properties, and exit",
+    )
     return parser
+
+
+def print_cases(console) -> None:
+    """The case variants (`multiattn.conformance.spec`): name, op, dtypes, description and
+    the properties each exercises, on the rich ``console``."""
+    from . import spec
+
+    for row in spec.table():
+        console.print(
+            f"[bold]{row['variant']}[/] ({row['op']}; {' '.join(row['dtypes'])}): "
+            f"{row['description']}",
+            highlight=False,
+        )
+        console.print(f"    {', '.join(row['properties']) or '-'}", highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,6 +380,9 @@ def _main(argv: list[str] | None, workers: Workers) -> int:
     if not args.timeout > 0 or args.timeout == float("inf"):
         parser.error(f"--timeout must be a positive number of seconds; received {args.timeout:g}")
     console = Console() if sys.stdout.isatty() else Console(width=120)
+    if args.list_cases:
+        print_cases(console)
+        return 0
     available = all_targets()
     if args.list:
         for spec in available.values():

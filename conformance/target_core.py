@@ -7,24 +7,14 @@ from typing import Any
 import numpy as np
 
 from .autodiff import value_and_grad
+from .cases import core_ops
 from .fixtures import Case
 
-CORE_OPS = {
-    "masked_softmax",
-    "dot_scores",
-    "scaled_dot_scores",
-    "additive_scores",
-    "general_scores",
-    "sdpa",
-    "mha",
-    "positional",
-    "encoder",
-    "rope",
-    "mha_decode",
-    "decoder",
-    "decoder_decode",
-    "rms_norm",
-}
+CORE_OPS = core_ops()  # every op with a core function (cases.OPERATIONS)
+
+
+def _masks(case: Case) -> dict:
+    return {k: case.inputs[k] for k in ("valid_lens", "mask") if k in case.inputs}
 
 
 class CoreTarget:
@@ -155,176 +145,233 @@ class CoreTarget:
     # -- the ops --------------------------------------------------------------------------
 
     def _forward(self, case: Case) -> Any:
-        """A function of the float arrays returning the outputs of ``case.op``."""
-        from multiattn import layers, ops
+        """A function of the float arrays returning the outputs of ``case.op``: the method
+        ``_forward_<op>``, one per op with a core function in `cases.OPERATIONS`."""
+        forward = getattr(self, f"_forward_{case.op}", None)
+        if forward is None:
+            raise ValueError(f"unsupported op {case.op!r}")
+        return forward(case)
 
-        p, dtype = case.params, case.dtype
-        masks = {k: case.inputs[k] for k in ("valid_lens", "mask") if k in case.inputs}
-        if case.op == "masked_softmax":
-            return lambda a: {"output": ops.masked_softmax(a["input/x"], **masks)}
-        if case.op == "dot_scores":
-            return lambda a: {"output": ops.dot_scores(a["input/query"], a["input/key"])}
-        if case.op == "scaled_dot_scores":
-            return lambda a: {
-                "output": ops.scaled_dot_scores(a["input/query"], a["input/key"], p.get("scale"))
-            }
-        if case.op == "additive_scores":
-            return lambda a: {
-                "output": ops.additive_scores(
-                    a["input/query"],
-                    a["input/key"],
-                    a["weight/w_q"],
-                    a["weight/w_k"],
-                    a["weight/w_v"],
-                )
-            }
-        if case.op == "general_scores":
-            return lambda a: {
-                "output": ops.general_scores(a["input/query"], a["input/key"], a["weight/w"])
-            }
-        if case.op == "sdpa":
+    def _forward_masked_softmax(self, case: Case) -> Any:
+        from multiattn import ops
 
-            def sdpa(a):
-                args = (a["input/query"], a["input/key"], a["input/value"])
-                kw = dict(causal=p.get("causal", False), scale=p.get("scale"), **masks)
-                blocks = p.get("block_size")
-                fused = ops.scaled_dot_product_attention(*args, block_size=blocks, **kw)
-                _, weights = ops.scaled_dot_product_attention(*args, return_weights=True, **kw)
-                return {"output": fused, "weights": weights}
+        masks = _masks(case)
+        return lambda a: {"output": ops.masked_softmax(a["input/x"], **masks)}
 
-            return sdpa
-        if case.op == "positional":
-            layer = layers.PositionalEncoding(p["max_length"], layout=p["layout"], dtype=dtype)
-            return lambda a: {"output": layer(a["input/x"])}
-        if case.op == "mha":
-            q = case.inputs["query"]
-            v = q if p.get("self") else case.inputs["value"]
-            k = v if p.get("self") else case.inputs.get("key", v)
-            layer = layers.MultiHeadAttention(
-                p["num_heads"],
-                p["key_dim"],
-                value_dim=p["value_dim"],
-                output_dim=p["output_dim"],
-                use_bias="b_q" in case.weights,
-                dtype=dtype,
-                **self._mha_options(p),
+    def _forward_dot_scores(self, case: Case) -> Any:
+        from multiattn import ops
+
+        return lambda a: {"output": ops.dot_scores(a["input/query"], a["input/key"])}
+
+    def _forward_scaled_dot_scores(self, case: Case) -> Any:
+        from multiattn import ops
+
+        p = case.params
+        return lambda a: {
+            "output": ops.scaled_dot_scores(a["input/query"], a["input/key"], p.get("scale"))
+        }
+
+    def _forward_additive_scores(self, case: Case) -> Any:
+        from multiattn import ops
+
+        return lambda a: {
+            "output": ops.additive_scores(
+                a["input/query"],
+                a["input/key"],
+                a["weight/w_q"],
+                a["weight/w_k"],
+                a["weight/w_v"],
             )
-            layer.build(q.shape, v.shape, k.shape)
+        }
 
-            def mha(a):
-                ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
-                values = self._ordered(layer, self._mha_values(ws, p, p["head_layout"]))
-                nt = [x.value for x in layer.non_trainable_variables]
-                query = a["input/query"]
-                value = query if p.get("self") else a["input/value"]
-                key = value if p.get("self") else a.get("input/key", value)
-                kw = dict(causal=p.get("causal", False), **masks)
-                fused, _ = layer.stateless_call(values, nt, query, value, key, **kw)
-                (_, weights), _ = layer.stateless_call(
-                    values, nt, query, value, key, return_weights=True, **kw
-                )
-                return {"output": fused, "weights": weights}
+    def _forward_general_scores(self, case: Case) -> Any:
+        from multiattn import ops
 
-            return mha
-        if case.op == "encoder":
-            x = case.inputs["x"]
-            layer = layers.TransformerEncoderLayer(
-                p["d_model"],
-                p["num_heads"],
-                p["dff"],
-                norm_first=p["norm_first"],
-                epsilon=p["epsilon"],
-                activation=p["activation"],
-                dtype=dtype,
+        return lambda a: {
+            "output": ops.general_scores(a["input/query"], a["input/key"], a["weight/w"])
+        }
+
+    def _forward_sdpa(self, case: Case) -> Any:
+        from multiattn import ops
+
+        p = case.params
+        masks = _masks(case)
+
+        def sdpa(a):
+            args = (a["input/query"], a["input/key"], a["input/value"])
+            kw = dict(causal=p.get("causal", False), scale=p.get("scale"), **masks)
+            blocks = p.get("block_size")
+            fused = ops.scaled_dot_product_attention(*args, block_size=blocks, **kw)
+            _, weights = ops.scaled_dot_product_attention(*args, return_weights=True, **kw)
+            return {"output": fused, "weights": weights}
+
+        return sdpa
+
+    def _forward_positional(self, case: Case) -> Any:
+        from multiattn import layers
+
+        p = case.params
+        dtype = case.dtype
+        layer = layers.PositionalEncoding(p["max_length"], layout=p["layout"], dtype=dtype)
+        return lambda a: {"output": layer(a["input/x"])}
+
+    def _forward_mha(self, case: Case) -> Any:
+        from multiattn import layers
+
+        p = case.params
+        dtype = case.dtype
+        masks = _masks(case)
+        q = case.inputs["query"]
+        v = q if p.get("self") else case.inputs["value"]
+        k = v if p.get("self") else case.inputs.get("key", v)
+        layer = layers.MultiHeadAttention(
+            p["num_heads"],
+            p["key_dim"],
+            value_dim=p["value_dim"],
+            output_dim=p["output_dim"],
+            use_bias="b_q" in case.weights,
+            dtype=dtype,
+            **self._mha_options(p),
+        )
+        layer.build(q.shape, v.shape, k.shape)
+
+        def mha(a):
+            ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
+            values = self._ordered(layer, self._mha_values(ws, p, p["head_layout"]))
+            nt = [x.value for x in layer.non_trainable_variables]
+            query = a["input/query"]
+            value = query if p.get("self") else a["input/value"]
+            key = value if p.get("self") else a.get("input/key", value)
+            kw = dict(causal=p.get("causal", False), **masks)
+            fused, _ = layer.stateless_call(values, nt, query, value, key, **kw)
+            (_, weights), _ = layer.stateless_call(
+                values, nt, query, value, key, return_weights=True, **kw
             )
-            layer.build(x.shape)
+            return {"output": fused, "weights": weights}
 
-            def encoder(a):
-                ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
-                by_suffix = {
-                    f"attention/{k}": t for k, t in self._mha_values(ws, p, "contiguous").items()
+        return mha
+
+    def _forward_encoder(self, case: Case) -> Any:
+        from multiattn import layers
+
+        p = case.params
+        dtype = case.dtype
+        masks = _masks(case)
+        x = case.inputs["x"]
+        layer = layers.TransformerEncoderLayer(
+            p["d_model"],
+            p["num_heads"],
+            p["dff"],
+            norm_first=p["norm_first"],
+            epsilon=p["epsilon"],
+            activation=p["activation"],
+            dtype=dtype,
+        )
+        layer.build(x.shape)
+
+        def encoder(a):
+            ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
+            by_suffix = {
+                f"attention/{k}": t for k, t in self._mha_values(ws, p, "contiguous").items()
+            }
+            by_suffix.update(
+                {
+                    "ffn_1/kernel": ws["ffn_w1"],
+                    "ffn_1/bias": ws["ffn_b1"],
+                    "ffn_2/kernel": ws["ffn_w2"],
+                    "ffn_2/bias": ws["ffn_b2"],
+                    "norm_1/gamma": ws["norm1_gamma"],
+                    "norm_1/beta": ws["norm1_beta"],
+                    "norm_2/gamma": ws["norm2_gamma"],
+                    "norm_2/beta": ws["norm2_beta"],
                 }
-                by_suffix.update(
-                    {
-                        "ffn_1/kernel": ws["ffn_w1"],
-                        "ffn_1/bias": ws["ffn_b1"],
-                        "ffn_2/kernel": ws["ffn_w2"],
-                        "ffn_2/bias": ws["ffn_b2"],
-                        "norm_1/gamma": ws["norm1_gamma"],
-                        "norm_1/beta": ws["norm1_beta"],
-                        "norm_2/gamma": ws["norm2_gamma"],
-                        "norm_2/beta": ws["norm2_beta"],
-                    }
-                )
-                nt = [x.value for x in layer.non_trainable_variables]
-                out, _ = layer.stateless_call(
-                    self._ordered(layer, by_suffix), nt, a["input/x"], **masks
-                )
-                return {"output": out}
-
-            return encoder
-        if case.op == "rms_norm":
-            return lambda a: {
-                "output": ops.rms_norm(a["input/x"], a.get("weight/scale"), epsilon=p["epsilon"])
-            }
-        if case.op == "rope":
-            return lambda a: {
-                "output": ops.rotary_embedding(a["input/x"], offset=p["offset"], base=p["base"])
-            }
-        if case.op == "mha_decode":
-            q = case.inputs["query"]
-            layer = layers.MultiHeadAttention(
-                p["num_heads"],
-                p["key_dim"],
-                value_dim=p["value_dim"],
-                output_dim=p["output_dim"],
-                dtype=dtype,
-                **self._mha_options(p),
             )
-            layer.build(q.shape, q.shape)
+            nt = [x.value for x in layer.non_trainable_variables]
+            out, _ = layer.stateless_call(
+                self._ordered(layer, by_suffix), nt, a["input/x"], **masks
+            )
+            return {"output": out}
 
-            def mha_decode(a):
-                ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
-                values = self._ordered(layer, self._mha_values(ws, p, "contiguous"))
-                query = a["input/query"]
+        return encoder
+
+    def _forward_rms_norm(self, case: Case) -> Any:
+        from multiattn import ops
+
+        p = case.params
+        return lambda a: {
+            "output": ops.rms_norm(a["input/x"], a.get("weight/scale"), epsilon=p["epsilon"])
+        }
+
+    def _forward_rope(self, case: Case) -> Any:
+        from multiattn import ops
+
+        p = case.params
+        return lambda a: {
+            "output": ops.rotary_embedding(a["input/x"], offset=p["offset"], base=p["base"])
+        }
+
+    def _forward_mha_decode(self, case: Case) -> Any:
+        from multiattn import layers
+
+        p = case.params
+        dtype = case.dtype
+        q = case.inputs["query"]
+        layer = layers.MultiHeadAttention(
+            p["num_heads"],
+            p["key_dim"],
+            value_dim=p["value_dim"],
+            output_dim=p["output_dim"],
+            dtype=dtype,
+            **self._mha_options(p),
+        )
+        layer.build(q.shape, q.shape)
+
+        def mha_decode(a):
+            ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
+            values = self._ordered(layer, self._mha_values(ws, p, "contiguous"))
+            query = a["input/query"]
+            outs = []
+            with self._state(layer, values):
+                cache = layer.init_cache(q.shape[0], p["max_length"], dtype)
+                for t in range(q.shape[1]):  # one token at a time through the cache
+                    out, cache = layer(query[:, t : t + 1], cache=cache, cache_index=t)
+                    outs.append(out)
+            return {"output": self.keras.ops.concatenate(outs, axis=1)}
+
+        return mha_decode
+
+    def _forward_decoder(self, case: Case) -> Any:
+        p = case.params
+        dtype = case.dtype
+        layer = self._decoder_layer(case)
+        lens = case.inputs["context_valid_lens"]
+        steps = case.inputs["x"].shape[1]
+
+        def decoder(a):
+            ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
+            values = self._decoder_values(layer, ws, p)
+            x, context = a["input/x"], a["input/context"]
+            with self._state(layer, values):
+                if case.op == "decoder":
+                    return {"output": layer(x, context, context_valid_lens=lens)}
+                # the context projected once, then token by token through the cache
+                kv = layer.precompute_context(context)
+                cache = layer.init_cache(x.shape[0], p["max_length"], dtype)
                 outs = []
-                with self._state(layer, values):
-                    cache = layer.init_cache(q.shape[0], p["max_length"], dtype)
-                    for t in range(q.shape[1]):  # one token at a time through the cache
-                        out, cache = layer(query[:, t : t + 1], cache=cache, cache_index=t)
-                        outs.append(out)
-                return {"output": self.keras.ops.concatenate(outs, axis=1)}
+                for t in range(steps):
+                    out, cache = layer(
+                        x[:, t : t + 1],
+                        context_key_value=kv,
+                        context_valid_lens=lens,
+                        cache=cache,
+                        cache_index=t,
+                    )
+                    outs.append(out)
+            return {"output": self.keras.ops.concatenate(outs, axis=1)}
 
-            return mha_decode
-        if case.op in ("decoder", "decoder_decode"):
-            layer = self._decoder_layer(case)
-            lens = case.inputs["context_valid_lens"]
-            steps = case.inputs["x"].shape[1]
+        return decoder
 
-            def decoder(a):
-                ws = {name[7:]: t for name, t in a.items() if name.startswith("weight/")}
-                values = self._decoder_values(layer, ws, p)
-                x, context = a["input/x"], a["input/context"]
-                with self._state(layer, values):
-                    if case.op == "decoder":
-                        return {"output": layer(x, context, context_valid_lens=lens)}
-                    # the context projected once, then token by token through the cache
-                    kv = layer.precompute_context(context)
-                    cache = layer.init_cache(x.shape[0], p["max_length"], dtype)
-                    outs = []
-                    for t in range(steps):
-                        out, cache = layer(
-                            x[:, t : t + 1],
-                            context_key_value=kv,
-                            context_valid_lens=lens,
-                            cache=cache,
-                            cache_index=t,
-                        )
-                        outs.append(out)
-                return {"output": self.keras.ops.concatenate(outs, axis=1)}
-
-            return decoder
-        raise ValueError(f"unsupported op {case.op!r}")
+    _forward_decoder_decode = _forward_decoder
 
     framework_name = ""
 

@@ -9,19 +9,11 @@ import multiattn.backends.paddle as mp  # first: paddle must load before anythin
 import numpy as np
 
 from .autodiff import to_numpy
+from .cases import core_ops
 from .fixtures import Case
 from .target_core import CoreTarget
 
-PADDLE_CORE_OPS = {
-    "masked_softmax",
-    "dot_scores",
-    "scaled_dot_scores",
-    "additive_scores",
-    "general_scores",
-    "sdpa",
-    "rope",
-    "rms_norm",
-}
+PADDLE_CORE_OPS = core_ops("ops.")  # the core functions (the layers need Keras)
 
 
 def _tensor(array: np.ndarray, dtype: str) -> Any:

@@ -128,20 +128,20 @@ def test_native_targets_agree_except_on_recorded_departures(full_run):
     statuses = {(t, e["case"]): e["status"] for t in NATIVE for e in data["targets"][t]["cases"]}
     # the oracle's zeros for an empty row are what torch's SDPA gives: it agrees everywhere
     # except where NaN or inf in masked keys and values reaches its output
+    cases = {c.name: c for c in fixtures.load()}
     torch_sdpa = {
         (c, s) for (t, c), s in statuses.items() if t == "native-torch" and c.startswith("sdpa")
     }
-    assert {s for c, s in torch_sdpa if not recorded("native-torch", c)} == {"pass"}
-    assert {s for c, s in torch_sdpa if recorded("native-torch", c)} == {"depart"}
+    assert {s for c, s in torch_sdpa if not recorded("native-torch", cases[c])} == {"pass"}
+    assert {s for c, s in torch_sdpa if recorded("native-torch", cases[c])} == {"depart"}
     # in float32 a layer departs only on a case with a fully masked row, poisoned rows or a
     # recorded error
-    cases = {c.name: c for c in fixtures.load()}
     for (target, name), status in statuses.items():
         if status == "depart" and name.endswith("_f32"):
             case = cases[name]
             has_empty_row = bool((~keep_mask(case).any(axis=-1)).any())
             poisoned = not np.isfinite(case.inputs.get("key", 0.0)).all()
-            assert has_empty_row or poisoned or recorded(target, name).raises, (target, name)
+            assert has_empty_row or poisoned or recorded(target, case).raises, (target, name)
 
 
 @pytest.mark.parametrize(
