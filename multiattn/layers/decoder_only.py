@@ -112,6 +112,10 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
             cache_index + seq - 1``; ``cache_index`` is an int, a NumPy integer or an
             integer scalar tensor (traced under ``jax.jit`` / ``tf.function`` too; see
             `MultiHeadAttention` for out-of-range indices).
+        key_mask: with ``cache`` only: ``(batch, max_length)`` bool (True = the cache
+            slot may be attended; False for padding such as a left-padded prompt's pads),
+            ANDed with the causal (and sliding-window) mask; None: every written slot.
+            (Not named ``cache_mask``: Keras fills ``<input>_mask`` arguments itself.)
         training: enables dropout: a bool or None.
 
     Returns:
@@ -247,7 +251,7 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
         `MultiHeadAttention.init_cache`). Pass it as ``cache`` with ``cache_index=0``."""
         return self.self_attention.init_cache(batch_size, max_length, dtype)
 
-    def call(self, x, *, mask=None, cache=None, cache_index=None, training=None):
+    def call(self, x, *, mask=None, cache=None, cache_index=None, key_mask=None, training=None):
         where = self._WHERE
         check_input_width(where, "x", x, self.d_model)
         ops = get_ops(x)
@@ -256,8 +260,9 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
         mask = as_mask(where, "mask", mask)
         if cache is not None and mask is not None:
             raise ValueError(f"{where}: `mask` cannot be combined with `cache`.")
-        if cache is None and cache_index is not None:
-            raise ValueError(f"{where}: `cache_index` is only meaningful with `cache`.")
+        for name, value in (("cache_index", cache_index), ("key_mask", key_mask)):
+            if cache is None and value is not None:
+                raise ValueError(f"{where}: `{name}` is only meaningful with `cache`.")
         new_cache = None
 
         def attend(h):
@@ -265,7 +270,12 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
             if cache is None:
                 return self.self_attention(h, h, mask=mask, causal=True, training=training)
             out, new_cache = call_sublayer(
-                self.self_attention, h, cache=cache, cache_index=cache_index, training=training
+                self.self_attention,
+                h,
+                cache=cache,
+                cache_index=cache_index,
+                key_mask=key_mask,
+                training=training,
             )
             return out
 

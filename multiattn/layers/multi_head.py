@@ -353,8 +353,10 @@ class MultiHeadAttention(keras.layers.Layer):
             and ``(batch, max_length, H_kv, D_v)``. ``query`` ``(batch, t, E_q)`` holds the
             tokens at positions ``cache_index .. cache_index + t - 1``; their keys and
             values are written into the cache at ``cache_index`` and each query attends to
-            the cached positions up to its own. ``value``, ``key``, the masks,
-            ``valid_lens`` and the causal flags must not be given.
+            the cached positions up to its own. ``key_mask`` may then be given as
+            ``(batch, max_length)``: the cache slots that may be attended (True / non-zero;
+            False for padding, e.g. a left-padded prompt); ``value``, ``key``, the other
+            masks, ``valid_lens`` and the causal flags must not be given.
         cache_index: the position of ``query``'s first token: an int, a NumPy integer or
             an integer scalar tensor (bools, floats and non-scalars raise ``TypeError``).
             A known value (Python and NumPy integers, eager tensors on every backend)
@@ -1045,7 +1047,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 )
         return k, v
 
-    def _attend_cache(self, ops, q, k_cache, v_cache, index, tokens, return_weights, training):
+    def _attend_cache(
+        self, ops, q, k_cache, v_cache, index, tokens, return_weights, training, usable=None
+    ):
         """``(heads, weights or None)`` of the queries at positions ``index .. index +
         tokens - 1`` over the cache, query ``i`` seeing the positions ``j <= index + i``
         (and, with ``sliding_window``, only those less than the window behind it).
@@ -1053,13 +1057,14 @@ class MultiHeadAttention(keras.layers.Layer):
         A known ``index`` attends over the filled prefix alone (``index + tokens`` keys),
         so a step costs in proportion to the positions written, not to the cache length;
         its weights are padded with the zeros of the unwritten slots. A traced ``index``
-        attends over every slot with a mask."""
+        attends over every slot with a mask. ``usable`` (``(batch, max_length)`` bool or
+        None) removes the slots it marks False (padding)."""
         dtype = self.compute_dtype
         max_length = shape_of(k_cache)[1]
         filled = index + tokens if isinstance(index, int) else max_length
         keys, values = (ops.cast(c[:, :filled], dtype) for c in (k_cache, v_cache))
         keep = None
-        if not isinstance(index, int) or self.sliding_window is not None:
+        if not isinstance(index, int) or self.sliding_window is not None or usable is not None:
             # Query i (position index + i) sees the slots j <= index + i (in the window).
             positions = ops.expand_dims(ops.arange(tokens, dtype="int32") + index, 1)
             slots = ops.arange(filled, dtype="int32")[None, :]
@@ -1067,6 +1072,8 @@ class MultiHeadAttention(keras.layers.Layer):
             if self.sliding_window is not None:
                 keep = ops.logical_and(keep, ops.less(positions - slots, self.sliding_window))
             keep = ops.expand_dims(ops.expand_dims(keep, 0), 0)  # (1, 1, t, filled)
+            if usable is not None:
+                keep = ops.logical_and(keep, usable[:, None, None, :filled])
         causal = keep is None  # a known index: bottom-right causal over the prefix
         result = self._attend(ops, q, keys, values, keep, None, causal, return_weights, training)
         if not return_weights:
@@ -1079,12 +1086,31 @@ class MultiHeadAttention(keras.layers.Layer):
             weights = ops.concatenate([weights, pad], axis=-1)
         return heads, weights
 
-    def _cached_call(self, ops, query, cache, cache_index, return_weights, training):
+    def _slot_mask(self, where: str, ops: Any, slots: Any, batch: Any, max_length: int) -> Any:
+        """``key_mask`` with a cache: ``(batch, max_length)`` bool (True = the slot may be
+        attended) or integer (non-zero = may be attended), as a bool tensor."""
+        if slots is None:
+            return None
+        slots = ops.convert_to_tensor(slots)
+        shape = shape_of(slots)
+        if (
+            len(shape) != 2
+            or shape[1] != max_length
+            or (batch is not None and shape[0] is not None and shape[0] != batch)
+        ):
+            raise ValueError(
+                f"{where}: with `cache`, `key_mask` must have shape ({batch}, {max_length}) "
+                f"(one flag per cache slot); received {fmt_shape(shape)}."
+            )
+        return slots if "bool" in str(slots.dtype) else ops.not_equal(slots, 0)
+
+    def _cached_call(self, ops, query, cache, cache_index, return_weights, training, slots=None):
         """Incremental causal self-attention through a fixed-size cache (see ``call``)."""
         where = self._WHERE
         qs = shape_of(query)
         k_cache, v_cache = self._check_kv_pair(where, "cache", cache, qs[0])
         max_length = shape_of(k_cache)[1]
+        slots = self._slot_mask(where, ops, slots, qs[0], max_length)
         if max_length is None or qs[1] is None:
             raise ValueError(
                 f"{where}: with `cache`, the cache length and the query length must be "
@@ -1131,7 +1157,7 @@ class MultiHeadAttention(keras.layers.Layer):
         k_cache = _write(ops, k_cache, k, index, in_range)
         v_cache = _write(ops, v_cache, v, index, in_range)
         heads, weights = self._attend_cache(
-            ops, q, k_cache, v_cache, index, tokens, return_weights, training
+            ops, q, k_cache, v_cache, index, tokens, return_weights, training, slots
         )
         out = self._output(ops, heads, gate)
         if in_range is not None:
@@ -1198,7 +1224,6 @@ class MultiHeadAttention(keras.layers.Layer):
                     ("valid_lens", valid_lens),
                     ("key_value", key_value),
                     ("value_mask", v_mask),
-                    ("key_mask", k_mask),
                 )
                 if a is not None
             ]
@@ -1212,7 +1237,9 @@ class MultiHeadAttention(keras.layers.Layer):
                     f"{', '.join(f'`{n}`' for n in given)} must not be given."
                 )
             self._check_rank3(where)
-            result = self._cached_call(ops, query, cache, cache_index, return_weights, training)
+            result = self._cached_call(
+                ops, query, cache, cache_index, return_weights, training, k_mask
+            )
             self._carry_mask(result[0], q_mask)
             return result
         if cache_index is not None:

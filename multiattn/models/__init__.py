@@ -12,6 +12,10 @@
   writes one transformers reads back. `multiattn.models.vit`: the ViT Keras layer.
   `multiattn.models.hf_families` and `multiattn.models.hf_files`: the config options,
   tensor tables and file handling (no framework).
+* `multiattn.models.causal_lm`: `CausalLM`, the decoder-only language model that
+  ``from_pretrained`` builds for GPT-2, Llama, Qwen2 and Mistral checkpoints
+  (`multiattn.models.hf_causal_lm`: their config options and tensor tables), with
+  ``generate`` through the KV cache (`multiattn.models.generation`).
 
 Submodules are imported on use, so ``import multiattn.models`` loads no framework.
 """
@@ -21,14 +25,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = ("bert", "bert_paddle", "checkpoint", "hf_families", "hf_files", "pretrained", "vit")
+_SUBMODULES = ("bert", "bert_paddle", "causal_lm", "checkpoint", "generation", "hf_causal_lm",
+               "hf_families", "hf_files", "pretrained", "vit")  # fmt: skip
+_NAMES = {"from_pretrained": "pretrained", "PretrainedModel": "pretrained",
+          "PretrainedCausalLM": "pretrained", "CausalLM": "causal_lm"}  # fmt: skip
 
-__all__ = [*_SUBMODULES, "from_pretrained"]
+__all__ = [*_SUBMODULES, *_NAMES]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "from_pretrained":
-        return importlib.import_module(".pretrained", __name__).from_pretrained
+    if name in _NAMES:
+        return getattr(importlib.import_module(f".{_NAMES[name]}", __name__), name)
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'multiattn.models' has no attribute {name!r}")

@@ -63,7 +63,8 @@ class Entry:
     ``same`` (identical), ``linear`` (HF ``(out, in)`` <-> ``(in, out)``), ``heads_in``
     (HF ``(H*D, E)`` <-> ``(E, H, D)``), ``heads_bias`` (``(H*D,)`` <-> ``(H, D)``),
     ``heads_out`` (HF ``(E, H*D)`` <-> ``(H, D, E)``), ``patch`` (a convolution kernel
-    ``(E, C, p, q)`` <-> ``(C*p*q, E)``), ``squeeze`` (the leading unit axis dropped).
+    ``(E, C, p, q)`` <-> ``(C*p*q, E)``), ``squeeze`` (the leading unit axis dropped),
+    ``rows_heads`` (a kernel stored ``(in, out)``, HF ``(H*D, E)`` <-> ``(H, D, E)``).
     """
 
     hf: str
@@ -86,6 +87,8 @@ class Entry:
             a = a.reshape(a.shape[0], -1).T
         elif k == "squeeze":
             a = a.reshape(a.shape[1:])
+        elif k == "rows_heads":
+            a = a.reshape(h, -1, a.shape[1])
         return np.ascontiguousarray(a)
 
     def to_hf(self, a: np.ndarray) -> np.ndarray:
@@ -354,8 +357,10 @@ VIT = Family(
     inert=frozenset({"encoder_stride"}),  # used only by the masked-image-modelling head
 )
 
+from .hf_causal_lm import CAUSAL_LM_FAMILIES  # noqa: E402  (needs Family, Entry above)
+
 #: ``model_type`` -> `Family`: the families `multiattn.models.pretrained` loads.
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, VIT)}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, VIT, *CAUSAL_LM_FAMILIES)}
 
 
 def family_of(raw: dict, where: str) -> Family:

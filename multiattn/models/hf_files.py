@@ -113,8 +113,10 @@ def _base_state(family: Family, state: dict, where: str) -> tuple[dict, list]:
     """The base model's tensors (a task-head checkpoint's ``<prefix>.`` removed) and the
     names left out (the task head's tensors)."""
     prefix = family.prefix + "."
-    if not any(k.startswith("embeddings.") for k in state) and any(
-        k.startswith(prefix) for k in state
+    if (
+        family.prefix
+        and not any(k.startswith("embeddings.") for k in state)
+        and any(k.startswith(prefix) for k in state)
     ):
         base = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         return base, sorted(k for k in state if not k.startswith(prefix))

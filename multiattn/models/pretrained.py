@@ -3,7 +3,7 @@
 ``from_pretrained(path)`` reads a folder written by transformers' ``save_pretrained``
 (``config.json`` and ``model.safetensors`` or a sharded ``model.safetensors.index.json``),
 picks the family from ``model_type`` (`multiattn.models.hf_families.FAMILIES`: ``bert``,
-``vit``), checks the config and every tensor (`multiattn.models.hf_files`) and returns a
+``vit``, and the causal language models ``gpt2``, ``llama``, ``qwen2``, ``mistral``), checks the config and every tensor (`multiattn.models.hf_files`) and returns a
 `PretrainedModel`: a Keras layer built from multiattn layers holding the weights, callable
 with transformers' argument names, with a `PretrainedModel.save_pretrained` that
 transformers reads back bit for bit.
@@ -22,7 +22,7 @@ import numpy as np
 from .hf_families import Family
 from .hf_files import read_folder, write_folder
 
-__all__ = ["DTYPES", "FRAMEWORKS", "PretrainedModel", "from_pretrained"]
+__all__ = ["DTYPES", "FRAMEWORKS", "PretrainedCausalLM", "PretrainedModel", "from_pretrained"]
 
 FRAMEWORKS = ("jax", "torch", "tensorflow", "numpy", "paddle")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -63,11 +63,13 @@ class PretrainedModel:
                 ``input_ids`` int ``(batch, seq)``, ``attention_mask`` ``(batch, seq)``
                 (1 / True = real token, may be attended; 0 = padding; default all ones),
                 ``token_type_ids`` (default zeros). ViT: ``pixel_values`` float
-                ``(batch, channels, height, width)``.
+                ``(batch, channels, height, width)``. Causal LMs: ``input_ids``,
+                ``attention_mask`` (left padding for generation).
 
         Returns:
             ``{"last_hidden_state": ..., "pooler_output": ...}`` backend tensors in the
-            model's dtype (``pooler_output`` only if the checkpoint has a pooler).
+            model's dtype (``pooler_output`` only if the checkpoint has a pooler); causal
+            LMs ``{"logits": (batch, seq, vocab), "last_hidden_state": ...}``.
 
         Raises:
             TypeError: an argument the family does not take (named), or none given.
@@ -103,6 +105,17 @@ class PretrainedModel:
         """
         weights = self.layer.neutral_weights()
         return write_folder(path, self.family, self.sizes, self.config, weights, overwrite)
+
+
+class PretrainedCausalLM(PretrainedModel):
+    """A loaded decoder-only language model (``gpt2``, ``llama``, ``qwen2``,
+    ``mistral``): `PretrainedModel` plus `generate`. Calling it takes ``input_ids`` and
+    ``attention_mask`` and returns ``{"logits": ..., "last_hidden_state": ...}``."""
+
+    def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> np.ndarray:
+        """Greedy or sampled continuation through the KV cache; see
+        `multiattn.models.generation.GenerationMixin.generate` for the options."""
+        return self.layer.generate(input_ids, attention_mask, **options)
 
 
 def _check_framework(framework: Any) -> str:
@@ -176,4 +189,5 @@ def from_pretrained(
     cls = getattr(importlib.import_module(module), name)
     layer = cls.from_sizes(loaded.sizes, "pooler/kernel" in loaded.weights, dtype or "float32")
     layer.set_neutral_weights(loaded.weights)
-    return PretrainedModel(loaded.family, loaded.config, loaded.sizes, layer, loaded.ignored)
+    model_class = PretrainedCausalLM if hasattr(layer, "generate") else PretrainedModel
+    return model_class(loaded.family, loaded.config, loaded.sizes, layer, loaded.ignored)

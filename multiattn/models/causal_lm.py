@@ -1,0 +1,317 @@
+"""A decoder-only language model built from multiattn layers (Keras jax, torch,
+tensorflow; numpy for inference), with greedy and sampled generation through the KV cache.
+
+`CausalLM` is one model for GPT-2, Llama, Qwen2 and Mistral: token embeddings (plus learned
+position embeddings for GPT-2), pre-norm `multiattn.layers.TransformerDecoderOnlyLayer`
+blocks (rotary positions inside the attention for the others), a final normalisation and
+the output projection to the vocabulary (tied to the word embeddings or not). The family
+only chooses the constructor arguments (`multiattn.models.hf_causal_lm`); there is one
+forward pass.
+
+Positions of a left-padded batch are those transformers computes from the mask: a real
+token's position is the number of real tokens before it (pads get 0), and pads are masked
+as keys. Rotary attention depends only on position differences, so the rotary blocks run
+on slot indices and give the same scores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from .._checks import check_positive_int
+from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnlyLayer
+from .generation import GenerationMixin
+
+__all__ = ["CausalLM"]
+
+_SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+              "max_positions")  # fmt: skip
+
+
+@keras.saving.register_keras_serializable(package="multiattn")
+class CausalLM(GenerationMixin, keras.layers.Layer):
+    """Decoder-only language model: token ids -> next-token logits.
+
+    Weights: ``word`` ``(vocab_size, hidden_size)``, ``position`` ``(max_positions,
+    hidden_size)`` (``learned_positions`` only), ``blocks`` (``num_layers``
+    `TransformerDecoderOnlyLayer` named ``layer_<i>``, pre-norm, no dropout),
+    ``final_norm`` and ``lm_head`` ``(hidden_size, vocab_size)`` (unless ``tied``: the
+    logits are then ``states @ word.T``).
+
+    Args:
+        vocab_size, hidden_size, num_layers, num_heads, intermediate_size: sizes.
+        max_positions: the context (``max_position_embeddings`` / ``n_positions``): the
+            learned position table, or the rotary table's length.
+        num_key_value_heads, head_dim: grouped-query attention; defaults ``num_heads`` and
+            ``hidden_size // num_heads``.
+        epsilon, norm, activation, gated, attention_bias, output_bias, ffn_bias,
+        sliding_window: as `TransformerDecoderOnlyLayer`.
+        learned_positions: learned absolute position embeddings added to the tokens
+            (GPT-2); False: rotary positions (``rope_theta``, ``rope_scaling``).
+        tied: the output projection is the word embedding matrix.
+        fused_qkv: the neutral weights hold one ``layer_<i>/qkv`` projection (GPT-2's
+            ``c_attn``) instead of separate query, key and value kernels; the layer is
+            the same.
+
+    Call arguments:
+        input_ids: int ``(batch, seq)``, values in ``[0, vocab_size)``.
+        attention_mask: ``(batch, seq)``, 1 / True = real token, 0 = padding (left
+            padding for generation); default all ones.
+
+    Returns:
+        ``{"logits": (batch, seq, vocab_size), "last_hidden_state": (batch, seq,
+        hidden_size)}`` in the compute dtype. Rows of pad positions are computed too
+        (from no keys, see docs/fully-masked-rows.md) and carry no meaning.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        num_layers: int,
+        num_heads: int,
+        intermediate_size: int,
+        max_positions: int,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        epsilon: float = 1e-6,
+        norm: str = "rms",
+        activation: str = "silu",
+        gated: bool = True,
+        attention_bias: bool = False,
+        output_bias: bool = False,
+        ffn_bias: bool = False,
+        learned_positions: bool = False,
+        rope_theta: float = 10000.0,
+        rope_scaling: dict | None = None,
+        sliding_window: int | None = None,
+        tied: bool = False,
+        fused_qkv: bool = False,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        where = "CausalLM"
+        for name, value in zip(_SIZE_KEYS, (vocab_size, hidden_size, num_layers, num_heads,
+                                            intermediate_size, max_positions)):  # fmt: skip
+            setattr(self, name, check_positive_int(where, name, value))
+        for name, value in (("learned_positions", learned_positions), ("tied", tied),
+                            ("fused_qkv", fused_qkv)):  # fmt: skip
+            if not isinstance(value, bool):
+                raise TypeError(f"{where}: `{name}` must be a bool; received {value!r}.")
+            setattr(self, name, value)
+        self.epsilon, self.norm = epsilon, norm
+        self.blocks = [
+            TransformerDecoderOnlyLayer(
+                hidden_size,
+                num_heads,
+                intermediate_size,
+                rate=0.0,
+                norm=norm,
+                norm_first=True,
+                epsilon=epsilon,
+                activation=activation,
+                gated=gated,
+                num_key_value_heads=num_key_value_heads,
+                head_dim=head_dim,
+                attention_bias=attention_bias,
+                output_bias=output_bias,
+                ffn_bias=ffn_bias,
+                rotary_max_length=None if learned_positions else max_positions,
+                rotary_base=rope_theta,
+                rotary_scaling=rope_scaling,
+                sliding_window=sliding_window,
+                name=f"layer_{i}",
+                dtype=self.dtype_policy,
+            )
+            for i in range(num_layers)
+        ]
+        first = self.blocks[0]
+        self.num_key_value_heads, self.head_dim = first.num_key_value_heads, head_dim
+        self.activation, self.gated = first.activation, first.gated
+        self.attention_bias, self.output_bias = first.attention_bias, first.output_bias
+        self.ffn_bias, self.sliding_window = first.ffn_bias, first.sliding_window
+        self.rope_theta, self.rope_scaling = first.rotary_base, first.rotary_scaling
+        norm_class = LayerNormalization if norm == "layer" else RMSNormalization
+        self.final_norm = norm_class(epsilon=epsilon, name="final_norm", dtype=self.dtype_policy)
+
+    def build(self, input_ids_shape=None):
+        e, v = self.hidden_size, self.vocab_size
+        self.word = self.add_weight(shape=(v, e), initializer="zeros", name="word")
+        self.position = None
+        if self.learned_positions:
+            self.position = self.add_weight(
+                shape=(self.max_positions, e), initializer="zeros", name="position"
+            )
+        self.lm_head = None
+        if not self.tied:
+            self.lm_head = self.add_weight(shape=(e, v), initializer="zeros", name="lm_head")
+        for block in self.blocks:
+            block.build((None, None, e))
+        self.final_norm.build((None, None, e))
+
+    # --- the forward pass -------------------------------------------------------------
+
+    def _embed(self, ids, positions):
+        """Token (and learned position) embeddings of int ``ids`` at int ``positions``."""
+        ops = keras.ops
+        x = ops.cast(ops.take(self.word, ids, axis=0), self.compute_dtype)
+        if self.position is not None:
+            x = x + ops.cast(ops.take(self.position, positions, axis=0), self.compute_dtype)
+        return x
+
+    def _head(self, x) -> dict:
+        ops = keras.ops
+        x = self.final_norm(x)
+        # einsum, not matmul: Keras' torch matmul of float64 tensors returns float32.
+        if self.tied:
+            logits = ops.einsum("bse,ve->bsv", x, ops.cast(self.word, x.dtype))
+        else:
+            logits = ops.einsum("bse,ev->bsv", x, ops.cast(self.lm_head, x.dtype))
+        return {"logits": logits, "last_hidden_state": x}
+
+    def _ids_and_mask(self, input_ids, attention_mask):
+        ops = keras.ops
+        ids = ops.convert_to_tensor(input_ids)
+        if len(ids.shape) != 2 or "int" not in str(ids.dtype):
+            raise ValueError(
+                f"CausalLM: `input_ids` must be an integer (batch, seq) array; received "
+                f"shape {tuple(ids.shape)} of {ids.dtype}."
+            )
+        ids = ops.cast(ids, "int32")
+        if attention_mask is None:
+            return ids, ops.ones_like(ids)
+        mask = ops.convert_to_tensor(attention_mask)
+        if tuple(mask.shape) != tuple(ids.shape):
+            raise ValueError(
+                f"CausalLM: `attention_mask` must have the shape of `input_ids` "
+                f"{tuple(ids.shape)}; received {tuple(mask.shape)}."
+            )
+        return ids, ops.cast(ops.not_equal(mask, 0), "int32")
+
+    def call(self, input_ids, attention_mask=None):
+        ops = keras.ops
+        ids, mask = self._ids_and_mask(input_ids, attention_mask)
+        seq = ids.shape[1]
+        if seq is not None and seq > self.max_positions:
+            raise ValueError(
+                f"CausalLM: `input_ids` holds {seq} tokens, more than the context "
+                f"(max_positions={self.max_positions})."
+            )
+        positions = ops.maximum(ops.cumsum(mask, axis=1) - 1, 0)
+        x = self._embed(ids, positions)
+        keep = ops.expand_dims(ops.cast(mask, "bool"), 1)  # (batch, 1, keys)
+        for block in self.blocks:
+            x = block(x, mask=keep)
+        return self._head(x)
+
+    def step(self, ids, positions, caches, index, slots):
+        """One pass through the caches: ``ids`` ``(batch, t)`` at cache slots ``index ..
+        index + t - 1`` with (learned) ``positions`` ``(batch, t)``; ``slots`` ``(batch,
+        max_length)`` bool marks the cache slots that may be attended. Returns ``(logits
+        of the last token (batch, vocab_size), new caches)``."""
+        x = self._embed(ids, positions)
+        new = []
+        for block, cache in zip(self.blocks, caches):
+            x, cache = block(x, cache=cache, cache_index=index, key_mask=slots)
+            new.append(cache)
+        return self._head(x[:, -1:])["logits"][:, 0], new
+
+    def init_caches(self, batch_size: int, max_length: int) -> list:
+        """One empty KV cache per block (see `TransformerDecoderOnlyLayer.init_cache`)."""
+        return [b.init_cache(batch_size, max_length, self.compute_dtype) for b in self.blocks]
+
+    def compute_output_shape(self, input_ids_shape, attention_mask_shape=None):
+        b, s = input_ids_shape
+        return {"logits": (b, s, self.vocab_size), "last_hidden_state": (b, s, self.hidden_size)}
+
+    def get_config(self) -> dict:
+        first = self.blocks[0]
+        return {
+            **super().get_config(),
+            **{k: getattr(self, k) for k in _SIZE_KEYS},
+            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+            "epsilon": self.epsilon, "norm": self.norm, "activation": self.activation,
+            "gated": self.gated, "attention_bias": self.attention_bias,
+            "output_bias": self.output_bias, "ffn_bias": self.ffn_bias,
+            "learned_positions": self.learned_positions, "rope_theta": self.rope_theta,
+            "rope_scaling": None if first.rotary_scaling is None else dict(first.rotary_scaling),
+            "sliding_window": self.sliding_window, "tied": self.tied,
+            "fused_qkv": self.fused_qkv,
+        }  # fmt: skip
+
+    # --- the protocol of `multiattn.models.pretrained` --------------------------------
+
+    @classmethod
+    def from_sizes(cls, sizes: dict, pooler: bool = False, dtype: Any = None) -> CausalLM:
+        """A built `CausalLM` from `multiattn.models.hf_causal_lm` sizes."""
+        model = cls(**sizes, dtype=dtype)
+        model.build()
+        return model
+
+    def _variables(self) -> dict[str, Any]:
+        out = {"embed/word": self.word}
+        if self.position is not None:
+            out["embed/position"] = self.position
+        if self.lm_head is not None:
+            out["lm_head/kernel"] = self.lm_head
+        for v in self.final_norm.weights:
+            out[f"final_norm/{v.name}"] = v
+        for i, block in enumerate(self.blocks):
+            for v in block.weights:
+                out[f"layer_{i}/{v.path.split(block.name + '/', 1)[1]}"] = v
+        return out
+
+    def set_neutral_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Assign neutral weights (`multiattn.models.hf_causal_lm` names)."""
+        weights = _split_qkv(self, weights) if self.fused_qkv else weights
+        for name, variable in self._variables().items():
+            if name not in weights:
+                raise ValueError(f"CausalLM: `weights` has no {name!r}.")
+            value = np.asarray(weights[name])
+            if value.shape != tuple(variable.shape):
+                raise ValueError(
+                    f"CausalLM: {name!r} must have shape {tuple(variable.shape)}; received "
+                    f"{value.shape}."
+                )
+            variable.assign(value.astype(variable.dtype))
+
+    def neutral_weights(self) -> dict[str, np.ndarray]:
+        """The neutral weights as NumPy arrays in the variables' dtype."""
+        out = {k: np.asarray(keras.ops.convert_to_numpy(v)) for k, v in self._variables().items()}
+        return _fuse_qkv(self, out) if self.fused_qkv else out
+
+
+_QKV = ("query", "key", "value")
+
+
+def _split_qkv(model: CausalLM, weights: dict) -> dict:
+    """``layer_<i>/qkv/{kernel,bias}`` ``(E, 3E)``, ``(3E,)`` -> per-part ``(E, H, D)``,
+    ``(H, D)`` (exact copies)."""
+    out = dict(weights)
+    e, h = model.hidden_size, model.num_heads
+    for i in range(model.num_layers):
+        kernel = out.pop(f"layer_{i}/qkv/kernel", None)
+        bias = out.pop(f"layer_{i}/qkv/bias", None)
+        if kernel is None or bias is None:
+            raise ValueError(f"CausalLM: `weights` has no 'layer_{i}/qkv/kernel' and bias.")
+        for j, part in enumerate(_QKV):
+            name = f"layer_{i}/self_attention/{part}/"
+            out[name + "kernel"] = kernel[:, j * e : (j + 1) * e].reshape(e, h, -1)
+            out[name + "bias"] = bias[j * e : (j + 1) * e].reshape(h, -1)
+    return out
+
+
+def _fuse_qkv(model: CausalLM, weights: dict) -> dict:
+    """The inverse of `_split_qkv`."""
+    out = dict(weights)
+    e = model.hidden_size
+    for i in range(model.num_layers):
+        names = [f"layer_{i}/self_attention/{part}/" for part in _QKV]
+        kernels = [out.pop(n + "kernel").reshape(e, e) for n in names]
+        biases = [out.pop(n + "bias").reshape(e) for n in names]
+        out[f"layer_{i}/qkv/kernel"] = np.concatenate(kernels, axis=1)
+        out[f"layer_{i}/qkv/bias"] = np.concatenate(biases)
+    return out

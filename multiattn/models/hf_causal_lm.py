@@ -1,0 +1,298 @@
+"""The decoder-only language-model families of `multiattn.models.pretrained`: GPT-2,
+Llama, Qwen2 and Mistral (config options and tensor tables; imports no framework).
+
+All four load into one model, `multiattn.models.causal_lm.CausalLM`, described by the
+sizes dict their `read_sizes` returns (the same keys for every family): widths and
+counts, the normalisation (``norm``: ``"layer"`` or ``"rms"``), the feed-forward network
+(``activation``, ``gated``), which projections carry biases, the positions (learned
+``learned_positions`` or rotary ``rope_theta``/``rope_scaling``), ``sliding_window``,
+``tied`` (output projection = word embeddings) and ``fused_qkv`` (GPT-2's one
+``c_attn`` projection for queries, keys and values).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ops.rotary import check_rotary_scaling
+from .hf_families import Entry, Family, _int, _positive
+
+__all__ = ["CAUSAL_LM_FAMILIES", "GPT2", "LLAMA", "MISTRAL", "QWEN2"]
+
+_INPUTS = ("input_ids", "attention_mask")
+_LAYER = "multiattn.models.causal_lm:CausalLM"
+
+
+def _bool(raw: dict, key: str, where: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: `{key}` must be a bool; received {value!r}.")
+    return value
+
+
+def _divisible(where: str, e: int, h: int, kv: int) -> None:
+    if h % kv:
+        raise ValueError(
+            f"{where}: `num_attention_heads` ({h}) must be a multiple of "
+            f"`num_key_value_heads` ({kv})."
+        )
+
+
+def _base(s: dict) -> dict[str, Any]:
+    """Defaults shared by the families (each overrides what it changes)."""
+    return {
+        "num_key_value_heads": s["num_heads"], "head_dim": s["hidden_size"] // s["num_heads"],
+        "norm": "rms", "activation": "silu", "gated": True, "attention_bias": False,
+        "output_bias": False, "ffn_bias": False, "learned_positions": False,
+        "rope_theta": 10000.0, "rope_scaling": None, "sliding_window": None,
+        "fused_qkv": False, **s,
+    }  # fmt: skip
+
+
+# --- GPT-2 ----------------------------------------------------------------------------
+
+_GPT2_KEYS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner",
+              "layer_norm_epsilon", "tie_word_embeddings")  # fmt: skip
+
+
+def _gpt2_sizes(raw: dict, where: str) -> dict:
+    e, h = _int(raw, "n_embd", where), _int(raw, "n_head", where)
+    if e % h:
+        raise ValueError(f"{where}: `n_embd` ({e}) must be divisible by `n_head` ({h}).")
+    inner = 4 * e if raw.get("n_inner") is None else _int(raw, "n_inner", where)
+    return _base({
+        "vocab_size": _int(raw, "vocab_size", where), "hidden_size": e,
+        "num_layers": _int(raw, "n_layer", where), "num_heads": h,
+        "intermediate_size": inner, "max_positions": _int(raw, "n_positions", where),
+        "epsilon": _positive(raw, "layer_norm_epsilon", where, 1e-5), "norm": "layer",
+        "activation": "gelu_new", "gated": False, "attention_bias": True,
+        "output_bias": True, "ffn_bias": True, "learned_positions": True,
+        "tied": _bool(raw, "tie_word_embeddings", where, True), "fused_qkv": True,
+    })  # fmt: skip
+
+
+def _lm_head(s: dict) -> list[Entry]:
+    if s["tied"]:
+        return []
+    return [Entry("lm_head.weight", (s["vocab_size"], s["hidden_size"]), "lm_head/kernel",
+                  "linear")]  # fmt: skip
+
+
+def gpt2_entries(s: dict, pooler: bool = False) -> list[Entry]:
+    """GPT-2's tensors (``GPT2LMHeadModel`` names; Conv1D kernels stored ``(in, out)``)."""
+    e, f, h = s["hidden_size"], s["intermediate_size"], s["num_heads"]
+    out = [
+        Entry("transformer.wte.weight", (s["vocab_size"], e), "embed/word"),
+        Entry("transformer.wpe.weight", (s["max_positions"], e), "embed/position"),
+    ]
+    for i in range(s["num_layers"]):
+        src, dst = f"transformer.h.{i}.", f"layer_{i}/"
+        out += [
+            Entry(src + "ln_1.weight", (e,), dst + "norm_1/gamma"),
+            Entry(src + "ln_1.bias", (e,), dst + "norm_1/beta"),
+            Entry(src + "attn.c_attn.weight", (e, 3 * e), dst + "qkv/kernel"),
+            Entry(src + "attn.c_attn.bias", (3 * e,), dst + "qkv/bias"),
+            Entry(src + "attn.c_proj.weight", (e, e),
+                  dst + "self_attention/attention_output/kernel", "rows_heads", h),
+            Entry(src + "attn.c_proj.bias", (e,), dst + "self_attention/attention_output/bias"),
+            Entry(src + "ln_2.weight", (e,), dst + "norm_2/gamma"),
+            Entry(src + "ln_2.bias", (e,), dst + "norm_2/beta"),
+            Entry(src + "mlp.c_fc.weight", (e, f), dst + "ffn/up/kernel"),
+            Entry(src + "mlp.c_fc.bias", (f,), dst + "ffn/up/bias"),
+            Entry(src + "mlp.c_proj.weight", (f, e), dst + "ffn/down/kernel"),
+            Entry(src + "mlp.c_proj.bias", (e,), dst + "ffn/down/bias"),
+        ]  # fmt: skip
+    out += [
+        Entry("transformer.ln_f.weight", (e,), "final_norm/gamma"),
+        Entry("transformer.ln_f.bias", (e,), "final_norm/beta"),
+    ]
+    return out + _lm_head(s)
+
+
+def _tied_buffer(s: dict) -> dict:
+    return {"lm_head.weight": (s["vocab_size"], s["hidden_size"])} if s["tied"] else {}
+
+
+def _gpt2_buffers(s: dict) -> dict:
+    p = s["max_positions"]
+    out = _tied_buffer(s)
+    for i in range(s["num_layers"]):
+        out[f"transformer.h.{i}.attn.bias"] = (1, 1, p, p)
+        out[f"transformer.h.{i}.attn.masked_bias"] = ()
+    return out
+
+
+GPT2 = Family(
+    model_type="gpt2",
+    architecture="GPT2LMHeadModel",
+    prefix="",
+    inputs=_INPUTS,
+    layer=_LAYER,
+    read_sizes=_gpt2_sizes,
+    keys=_GPT2_KEYS,
+    entries=gpt2_entries,
+    fixed={
+        "activation_function": ("gelu_new",),
+        "scale_attn_weights": (True,),
+        "scale_attn_by_inverse_layer_idx": (False,),
+        "reorder_and_upcast_attn": (False,),
+    },
+    inert=frozenset(
+        {
+            "resid_pdrop",
+            "embd_pdrop",
+            "attn_pdrop",
+            "summary_type",
+            "summary_use_proj",
+            "summary_activation",
+            "summary_proj_to_labels",
+            "summary_first_dropout",
+            "n_ctx",
+        }
+    ),
+    buffers=_gpt2_buffers,
+)
+
+# --- Llama, Qwen2, Mistral ------------------------------------------------------------
+
+_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
+_LLAMA_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "head_dim",
+               "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+               *_ROPE_KEYS)  # fmt: skip
+
+
+def _rope(raw: dict, where: str) -> tuple[float, dict | None]:
+    """``(theta, scaling)`` from ``rope_parameters`` (transformers 5) or ``rope_theta``
+    and ``rope_scaling`` (earlier); a scaling other than linear/llama3 is refused."""
+    params = raw.get("rope_parameters") or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"{where}: `rope_parameters` must be an object; received {params!r}.")
+    params = dict(params)
+    theta = params.pop("rope_theta", raw.get("rope_theta", 10000.0))
+    theta = _positive({"rope_theta": theta}, "rope_theta", where)
+    scaling = raw.get("rope_scaling") or params or None
+    try:
+        scaling = check_rotary_scaling(where, scaling, "rope_scaling")
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"{where}: config option `rope_scaling`/`rope_parameters` is not implemented as "
+            f"given ({err})"
+        ) from None
+    return theta, scaling
+
+
+def _llama_sizes(raw: dict, where: str) -> dict:
+    e, h = _int(raw, "hidden_size", where), _int(raw, "num_attention_heads", where)
+    kv = _int(raw, "num_key_value_heads", where, h)
+    _divisible(where, e, h, kv)
+    if raw.get("head_dim") is None and e % h:
+        raise ValueError(
+            f"{where}: `hidden_size` ({e}) must be divisible by `num_attention_heads` ({h})."
+        )
+    theta, scaling = _rope(raw, where)
+    return _base({
+        "vocab_size": _int(raw, "vocab_size", where), "hidden_size": e,
+        "num_layers": _int(raw, "num_hidden_layers", where), "num_heads": h,
+        "num_key_value_heads": kv, "head_dim": _int(raw, "head_dim", where, e // h),
+        "intermediate_size": _int(raw, "intermediate_size", where),
+        "max_positions": _int(raw, "max_position_embeddings", where),
+        "epsilon": _positive(raw, "rms_norm_eps", where, 1e-6), "rope_theta": theta,
+        "rope_scaling": scaling, "tied": _bool(raw, "tie_word_embeddings", where, False),
+    })  # fmt: skip
+
+
+def _qwen2_sizes(raw: dict, where: str) -> dict:
+    types = raw.get("layer_types")
+    if types is not None and any(t != "full_attention" for t in types):
+        raise ValueError(
+            f"{where}: config option `layer_types` = {types!r} is not implemented "
+            "(multiattn's qwen2 supports only 'full_attention' layers)."
+        )
+    return {**_llama_sizes(raw, where), "attention_bias": True}
+
+
+def _mistral_sizes(raw: dict, where: str) -> dict:
+    window = raw.get("sliding_window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < 1):  # fmt: skip
+        raise ValueError(
+            f"{where}: config option `sliding_window` = {window!r} is not implemented "
+            "(multiattn's mistral supports None or a positive integer)."
+        )
+    return {**_llama_sizes(raw, where), "sliding_window": window}
+
+
+def llama_entries(s: dict, pooler: bool = False) -> list[Entry]:
+    """Llama / Qwen2 / Mistral tensors (``LlamaForCausalLM`` names) for sizes ``s``."""
+    e, f, d = s["hidden_size"], s["intermediate_size"], s["head_dim"]
+    h, kv = s["num_heads"], s["num_key_value_heads"]
+    out = [Entry("model.embed_tokens.weight", (s["vocab_size"], e), "embed/word")]
+    for i in range(s["num_layers"]):
+        src, dst = f"model.layers.{i}.", f"layer_{i}/"
+        for part, hf, n in (("query", "q", h), ("key", "k", kv), ("value", "v", kv)):
+            name = f"{src}self_attn.{hf}_proj."
+            out.append(Entry(name + "weight", (n * d, e),
+                             f"{dst}self_attention/{part}/kernel", "heads_in", n))  # fmt: skip
+            if s["attention_bias"]:
+                out.append(Entry(name + "bias", (n * d,),
+                                 f"{dst}self_attention/{part}/bias", "heads_bias", n))  # fmt: skip
+        out += [
+            Entry(src + "self_attn.o_proj.weight", (e, h * d),
+                  dst + "self_attention/attention_output/kernel", "heads_out", h),
+            Entry(src + "mlp.gate_proj.weight", (f, e), dst + "ffn/gate/kernel", "linear"),
+            Entry(src + "mlp.up_proj.weight", (f, e), dst + "ffn/up/kernel", "linear"),
+            Entry(src + "mlp.down_proj.weight", (e, f), dst + "ffn/down/kernel", "linear"),
+            Entry(src + "input_layernorm.weight", (e,), dst + "norm_1/scale"),
+            Entry(src + "post_attention_layernorm.weight", (e,), dst + "norm_2/scale"),
+        ]  # fmt: skip
+    out.append(Entry("model.norm.weight", (e,), "final_norm/scale"))
+    return out + _lm_head(s)
+
+
+def _llama_buffers(s: dict) -> dict:
+    rotary = {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": (s["head_dim"] // 2,)
+              for i in range(s["num_layers"])}  # fmt: skip
+    return {**_tied_buffer(s), **rotary}
+
+
+_LLAMA_FIXED = {"hidden_act": ("silu",), "attention_bias": (False,), "mlp_bias": (False,),
+                "pretraining_tp": (1,)}  # fmt: skip
+_LLAMA_INERT = frozenset({"attention_dropout"})
+
+
+def _llama_like(model_type: str, architecture: str, sizes, keys=(), fixed=None, inert=()):
+    return Family(
+        model_type=model_type,
+        architecture=architecture,
+        prefix="",
+        inputs=_INPUTS,
+        layer=_LAYER,
+        read_sizes=sizes,
+        keys=_LLAMA_KEYS + tuple(keys),
+        entries=llama_entries,
+        fixed=fixed if fixed is not None else _LLAMA_FIXED,
+        inert=_LLAMA_INERT | frozenset(inert),
+        buffers=_llama_buffers,
+    )
+
+
+LLAMA = _llama_like("llama", "LlamaForCausalLM", _llama_sizes)
+QWEN2 = _llama_like(
+    "qwen2",
+    "Qwen2ForCausalLM",
+    _qwen2_sizes,
+    keys=("layer_types",),
+    fixed={"hidden_act": ("silu",), "use_sliding_window": (False,)},
+    # `sliding_window` and `max_window_layers` act only with use_sliding_window=True.
+    inert=("sliding_window", "max_window_layers"),
+)
+MISTRAL = _llama_like(
+    "mistral",
+    "MistralForCausalLM",
+    _mistral_sizes,
+    keys=("sliding_window",),
+    fixed={"hidden_act": ("silu",)},
+)
+
+CAUSAL_LM_FAMILIES = (GPT2, LLAMA, QWEN2, MISTRAL)

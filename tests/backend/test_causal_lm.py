@@ -1,0 +1,312 @@
+"""Decoder-only language models (`multiattn.models.causal_lm`) against transformers.
+
+Tiny random transformers models (GPT-2, Llama with and without ``rope_scaling``, Qwen2,
+Mistral with a sliding window) are built offline from a config, their parameters redrawn at
+a scale where the logits are well separated, saved with ``save_pretrained``, loaded with
+`from_pretrained` and compared with transformers run in float64: logits of a left-padded
+batch, greedy ``generate`` token for token, sampling filters, and ``save_pretrained``
+read back by transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+from _support import BACKEND, rel_err, to_np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from multiattn.models.generation import choose_tokens  # noqa: E402
+from multiattn.models.pretrained import PretrainedCausalLM, from_pretrained  # noqa: E402
+
+DTYPES = ("float32",) if BACKEND == "numpy" else ("float32", "float64")
+VOCAB, CONTEXT = 64, 40
+LLAMA_SIZES = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
+               "max_position_embeddings": CONTEXT}  # fmt: skip
+LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8}  # fmt: skip
+CASES = {
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                                n_positions=CONTEXT)),
+    "gpt2-untied": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                                n_positions=CONTEXT, tie_word_embeddings=False)),
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA_SIZES)),
+    "llama-tied": lambda: transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**LLAMA_SIZES, tie_word_embeddings=True)),
+    "llama-linear": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **LLAMA_SIZES, rope_theta=500.0, rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "llama3": lambda: transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**LLAMA_SIZES, rope_scaling=LLAMA3)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**LLAMA_SIZES)),
+    "mistral": lambda: transformers.MistralForCausalLM(
+        transformers.MistralConfig(**LLAMA_SIZES, sliding_window=5)),
+}  # fmt: skip
+# Max relative error of the logits (max |diff| / max |want|) against transformers in
+# float64. transformers computes the rotary angles in float32 even in a float64 model, so
+# the rotary families agree in float64 only to about 1e-6 (GPT-2 to about 1e-15).
+TOL = {"float32": 1e-5, "float64": 1e-12, "float64-rotary": 1e-6}
+
+
+def _redraw(model, seed: int = 0):
+    """Every parameter redrawn: N(0, 0.3), normalisation weights N(1, 0.1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            norm = "norm" in name or ".ln_" in name
+            p.copy_(1.0 + 0.1 * noise if norm and name.endswith("weight") else 0.3 * noise)
+    return model.eval()
+
+
+def _build(case: str, path):
+    torch.manual_seed(0)
+    model = _redraw(CASES[case]())
+    model.save_pretrained(path)
+    return model.double()
+
+
+def _batch(length: int = 9, pads: int = 3):
+    """Two prompts, the second left-padded with ``pads`` pads (id 0 under the mask)."""
+    ids = np.random.default_rng(1).integers(1, VOCAB, (2, length))
+    mask = np.ones((2, length), np.int64)
+    mask[1, :pads] = 0
+    ids[1, :pads] = 0
+    return ids, mask
+
+
+def _hf_logits(model, ids, mask):
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                    position_ids=torch.tensor(positions))  # fmt: skip
+    return out.logits.numpy()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_logits_match_transformers(tmp_path, case, dtype):
+    hf = _build(case, tmp_path / "m")
+    model = from_pretrained(tmp_path / "m", dtype=dtype)
+    assert isinstance(model, PretrainedCausalLM) and model.dtype == dtype
+    ids, mask = _batch()
+    out = model(input_ids=ids, attention_mask=mask)
+    assert keras.backend.standardize_dtype(out["logits"].dtype) == dtype
+    assert tuple(out["last_hidden_state"].shape) == (2, 9, 32)
+    got, want = to_np(out["logits"]), _hf_logits(hf, ids, mask)
+    real = mask.astype(bool)  # pad positions carry no meaning in either library
+    key = dtype + ("-rotary" if dtype == "float64" and not case.startswith("gpt2") else "")
+    assert rel_err(got[real], want[real]) <= TOL[key], case
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_greedy_generate_matches_transformers(tmp_path, case):
+    hf = _build(case, tmp_path / "m")
+    model = from_pretrained(tmp_path / "m", dtype=DTYPES[-1])
+    ids, mask = _batch()
+    with torch.no_grad():
+        want = hf.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                           do_sample=False, max_new_tokens=20, pad_token_id=0,
+                           eos_token_id=None).numpy()  # fmt: skip
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=20, pad_token_id=0)
+    assert got.dtype == np.int64 and got.shape == (2, 29)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_generate_eos_then_pad_like_transformers(tmp_path):
+    hf = _build("llama", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m", dtype=DTYPES[-1])
+    ids, mask = _batch()
+    greedy = model.generate(ids, attention_mask=mask, max_new_tokens=12)
+    eos = int(greedy[0, 9 + 2])  # the third token of row 0 becomes the end
+    with torch.no_grad():
+        want = hf.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                           do_sample=False, max_new_tokens=12, pad_token_id=7,
+                           eos_token_id=eos).numpy()  # fmt: skip
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=eos,
+                         pad_token_id=7)  # fmt: skip
+    np.testing.assert_array_equal(got, want)
+    assert (got[0, 12:] == 7).all()
+
+
+def _hf_top(hf, seq, mask, new):
+    """transformers' float64 next-token probabilities for each generated position."""
+    full = np.concatenate([mask, np.ones((2, new), np.int64)], axis=1)
+    logits = _hf_logits(hf, seq, full)[:, -new - 1 : -1]
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("filters", [{"top_k": 3}, {"top_p": 0.5}, {"top_k": 5, "top_p": 0.7}])
+def test_sampling_is_seeded_and_filtered(tmp_path, filters):
+    hf = _build("qwen2", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m", dtype=DTYPES[-1])
+    ids, mask = _batch()
+    args = {"attention_mask": mask, "max_new_tokens": 15, "do_sample": True,
+            "temperature": 1.0, **filters}  # fmt: skip
+    first = model.generate(ids, seed=3, **args)
+    np.testing.assert_array_equal(first, model.generate(ids, seed=3, **args))
+    probs = _hf_top(hf, first, mask, 15)
+    new = first[:, 9:]
+    order = np.argsort(-probs, axis=-1)
+    rank = np.argmax(order == new[..., None], axis=-1)
+    if "top_k" in filters:
+        assert (rank < filters["top_k"]).all()
+    if "top_p" in filters:
+        ranked = np.take_along_axis(probs, order, axis=-1)
+        before = np.take_along_axis(np.cumsum(ranked, -1) - ranked, rank[..., None], -1)
+        assert (before[..., 0] < filters["top_p"] + 1e-9).all()
+    others = [model.generate(ids, seed=s, **args) for s in (4, 5, 6)]
+    assert any(not np.array_equal(o, first) for o in others)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    vocab=st.integers(2, 12),
+    top_k=st.one_of(st.none(), st.integers(1, 12)),
+    top_p=st.one_of(st.none(), st.floats(0.05, 1.0)),
+    seed=st.integers(0, 2**16),
+)
+def test_choose_tokens_respects_filters(batch, vocab, top_k, top_p, seed):
+    logits = np.random.default_rng(seed).normal(size=(batch, vocab)) * 3
+    options = {"do_sample": True, "temperature": 0.7, "top_k": top_k, "top_p": top_p}
+    token = choose_tokens(logits, options, np.random.default_rng(seed))
+    assert token.shape == (batch,)
+    p = np.exp(logits / 0.7)
+    for row, t in zip(p, token):
+        kept = np.argsort(-row, kind="stable")
+        if top_k is not None:
+            kept = kept[:top_k]
+        if top_p is not None:
+            q = row[kept] / row[kept].sum()
+            kept = kept[: 1 + int(np.sum(np.cumsum(q)[:-1] < top_p))]
+        assert t in kept
+    greedy = choose_tokens(logits, {**options, "do_sample": False}, None)
+    np.testing.assert_array_equal(greedy, logits.argmax(-1))
+
+
+@pytest.mark.parametrize("case", ["gpt2", "gpt2-untied", "llama-tied", "mistral", "qwen2"])
+def test_save_pretrained_round_trip(tmp_path, case):
+    hf = _build(case, tmp_path / "m").float()
+    model = from_pretrained(tmp_path / "m")
+    model.save_pretrained(tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(back) is type(hf)
+    want, got = hf.state_dict(), back.state_dict()
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+    mine = model.state_dict()
+    for name, value in mine.items():
+        np.testing.assert_array_equal(value, want[name].numpy(), err_msg=name)
+
+
+def _edit_config(path, **changes):
+    config = json.loads((path / "config.json").read_text())
+    config.update(changes)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    ("case", "changes", "match"),
+    [
+        ("llama", {"made_up_option": 1}, "made_up_option"),
+        ("llama", {"hidden_act": "gelu"}, "hidden_act"),
+        ("llama", {"attention_bias": True}, "attention_bias"),
+        ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling"),
+        ("gpt2", {"activation_function": "relu"}, "activation_function"),
+        ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse"),
+        ("mistral", {"sliding_window": 0}, "sliding_window"),
+        ("mistral", {"sliding_window": 2.5}, "sliding_window"),
+        ("qwen2", {"use_sliding_window": True}, "use_sliding_window"),
+    ],
+)
+def test_unsupported_options_are_refused_by_name(tmp_path, case, changes, match):
+    _build(case, tmp_path / "m")
+    _edit_config(tmp_path / "m", **changes)
+    with pytest.raises(ValueError, match=match):
+        from_pretrained(tmp_path / "m")
+
+
+def test_bad_generate_inputs(tmp_path):
+    _build("llama", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids, mask = _batch()
+    with pytest.raises(ValueError, match="max_new_tokens=32"):
+        model.generate(ids, max_new_tokens=CONTEXT - 8)
+    model.generate(ids, max_new_tokens=CONTEXT - 9)  # exactly fills the context
+    long = np.ones((1, CONTEXT + 1), np.int64)
+    with pytest.raises(ValueError, match=f"prompt holds {CONTEXT + 1} tokens"):
+        model.generate(long, max_new_tokens=1)
+    with pytest.raises(ValueError, match="max_positions"):
+        model(input_ids=long)
+    right = mask[:, ::-1].copy()
+    with pytest.raises(ValueError, match="left padding"):
+        model.generate(ids, attention_mask=right, max_new_tokens=2)
+    with pytest.raises(ValueError, match="input_ids"):
+        model.generate(ids + VOCAB, max_new_tokens=2)
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        model.generate(ids, max_new_tokens=2.0)
+    with pytest.raises(ValueError, match="top_p"):
+        model.generate(ids, max_new_tokens=2, do_sample=True, top_p=1.5)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(ids, max_new_tokens=2, do_sample=True, temperature=0.0)
+    with pytest.raises(TypeError, match="unsupported argument"):
+        model(input_ids=ids, token_type_ids=ids)
+
+
+def test_compiled_step_matches_eager(tmp_path, monkeypatch):
+    _build("mistral", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids, mask = _batch()
+    args = {"attention_mask": mask, "max_new_tokens": 10, "do_sample": True, "seed": 1}
+    compiled = model.generate(ids, **args)
+    layer = model.layer
+    monkeypatch.setattr(type(layer), "_compiled_step", lambda self: self.step)
+    np.testing.assert_array_equal(model.generate(ids, **args), compiled)
+
+
+def test_block_key_mask_through_the_cache():
+    from multiattn.layers import TransformerDecoderOnlyLayer
+
+    block = TransformerDecoderOnlyLayer(16, 4, 24, rate=0.0, norm="rms", norm_first=True,
+                                        num_key_value_heads=2, rotary_max_length=12,
+                                        sliding_window=4)  # fmt: skip
+    x = np.random.default_rng(0).normal(size=(2, 7, 16)).astype("float32")
+    mask = np.ones((2, 7), bool)
+    mask[1, :3] = False
+    full = to_np(block(x, mask=mask[:, None, :]))
+    slots = np.concatenate([mask, np.ones((2, 5), bool)], axis=1)
+    cache = block.init_cache(2, 12)
+    first, cache = block(x[:, :5], cache=cache, cache_index=0, key_mask=slots)
+    rest, _ = block(x[:, 5:], cache=cache, cache_index=5, key_mask=slots)
+    got = np.concatenate([to_np(first), to_np(rest)], axis=1)
+    np.testing.assert_allclose(got[mask], full[mask], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="key_mask"):
+        block(x, key_mask=slots)
+    with pytest.raises(ValueError, match="key_mask"):
+        block(x[:, :1], cache=block.init_cache(2, 12), cache_index=0, key_mask=slots[:, :5])
+
+
+@pytest.mark.parametrize("case", ["gpt2", "llama3"])
+def test_keras_serialization_round_trip(tmp_path, case):
+    _build(case, tmp_path / "m")
+    layer = from_pretrained(tmp_path / "m").layer
+    again = keras.layers.deserialize(keras.layers.serialize(layer))
+    assert again.get_config() == layer.get_config()
+    again.set_neutral_weights(layer.neutral_weights())
+    ids, mask = _batch()
+    want = to_np(layer(ids, mask)["logits"])
+    np.testing.assert_array_equal(to_np(again(ids, mask)["logits"]), want)
