@@ -219,17 +219,38 @@ class GenerationMixin:
         return np.concatenate(out, axis=1)
 
     def _compiled_step(self):
-        """The one-token step, compiled once per generate call (``jax.jit`` /
-        ``tf.function``; the cache index is a tensor, so every step reuses the trace)."""
+        """The one-token step, compiled once and kept for later calls (the cache index is
+        a tensor, so every step reuses the trace).
+
+        ``tf.function`` reads the weights as variables. Under ``jax.jit`` they are
+        arguments of the compiled step (read through ``keras.StatelessScope``), not
+        constants of its trace, so the kept step follows weights changed later (training,
+        ``set_weights``)."""
         import keras
 
         backend = keras.backend.backend()
-        if backend == "jax":
-            import jax
+        if backend not in ("jax", "tensorflow"):
+            return self.step
+        kept = self.__dict__.get("_multiattn_step")
+        if kept is None:
+            kept = self._jax_step() if backend == "jax" else self._tf_step()
+            self.__dict__["_multiattn_step"] = kept
+        return kept
 
-            return jax.jit(self.step)
-        if backend == "tensorflow":
-            import tensorflow as tf
+    def _tf_step(self):
+        import tensorflow as tf
 
-            return tf.function(self.step, reduce_retracing=True)
-        return self.step
+        return tf.function(self.step, reduce_retracing=True)
+
+    def _jax_step(self):
+        import jax
+        import keras
+
+        variables = list(self.variables)
+
+        def pure(values, *args):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                return self.step(*args)
+
+        compiled = jax.jit(pure)
+        return lambda *args: compiled([v.value for v in variables], *args)

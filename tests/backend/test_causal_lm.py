@@ -278,6 +278,39 @@ def test_compiled_step_matches_eager(tmp_path, monkeypatch):
     np.testing.assert_array_equal(model.generate(ids, **args), compiled)
 
 
+def test_compiled_step_is_kept_and_follows_new_weights(tmp_path):
+    """The compiled step is made once for later generate calls; after the weights change
+    the generated tokens are those of the new weights (a jax trace holds the values it
+    was traced with, so the step is compiled again)."""
+    _build("llama", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids, mask = _batch()
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=6)
+    step = model.layer._compiled_step()
+    model.generate(ids, attention_mask=mask, max_new_tokens=6)
+    assert model.layer._compiled_step() == step
+    rng = np.random.default_rng(3)
+    for w in model.layer.weights:
+        w.assign(rng.standard_normal(tuple(w.shape)).astype(w.dtype) * 0.3)
+    again = model.generate(ids, attention_mask=mask, max_new_tokens=6)
+    layer = model.layer
+    eager = type(layer)._decode.__get__(layer)
+    original = type(layer)._compiled_step
+    try:
+        type(layer)._compiled_step = lambda self: self.step
+        want = eager(*_decode_args(ids, mask, 6))
+    finally:
+        type(layer)._compiled_step = original
+    np.testing.assert_array_equal(again, want)
+    assert not np.array_equal(again, first)
+
+
+def _decode_args(ids, mask, new):
+    options = {"do_sample": False, "temperature": 1.0, "top_k": None, "top_p": None,
+               "seed": None}  # fmt: skip
+    return ids.astype(np.int64), mask.astype(np.int64), new, options, (), None
+
+
 def test_block_key_mask_through_the_cache():
     from multiattn.layers import TransformerDecoderOnlyLayer
 
