@@ -48,7 +48,9 @@ def runs(tmp_path_factory) -> dict:
         "main": ["--quick"],
         "long": ["--long", "--quick", "--long-lengths", "256,512"],
         "long_backward": ["--long", "--long-backward", "--quick", "--long-lengths", "256"],
-    }
+        "decode": ["--decode", "--quick", "--frameworks", "torch", "--decode-prompts", "8",
+                   "--decode-batches", "1,2", "--decode-new-tokens", "3", "--repeats", "1"],
+    }  # fmt: skip
     paths = {name: (tmp / f"{name}.json", tmp / f"{name}.png") for name in args}
     procs = {
         name: _bench(*extra, "--json", str(paths[name][0]), "--plot", str(paths[name][1]))
@@ -159,6 +161,8 @@ def test_flop_count():
         (["--frameworks", "mxnet"], "mxnet"),
         (["--long-lengths", "1k"], "--long-lengths"),
         (["--long", "--long-backward", "--long-backend", "numpy"], "no gradients"),
+        (["--decode", "--decode-prompts", "0"], "--decode-prompts"),
+        (["--decode", "--decode-new-tokens", "1"], "at least 2"),
     ],
 )
 def test_bad_options_are_usage_errors(args, message):
@@ -167,6 +171,20 @@ def test_bad_options_are_usage_errors(args, message):
     )
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+@pytest.mark.skipif(not _installed("torch"), reason="torch is not installed")
+def test_decode_quick_run_times_both_models_beside_transformers(runs):
+    report, png, log = runs["decode"]
+    section = report["decode"]
+    assert section["frameworks"]["torch"]["status"] == "ran", section["frameworks"]
+    cases = {(r["model"], r["batch"], r["implementation"]) for r in section["rows"]}
+    assert cases == {(m, b, i) for m in ("gpt2", "llama") for b in (1, 2)
+                     for i in ("multiattn", "transformers")}  # fmt: skip
+    for row in section["rows"]:
+        assert row["prompt"] == 8 and row["prefill_ms"] > 0 and row["tokens_per_s"] > 0
+    assert "CPU:" in log and "x transformers" in log
+    assert _png(png)
 
 
 def test_importing_the_benchmark_loads_no_framework():
