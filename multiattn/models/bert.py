@@ -302,7 +302,7 @@ def set_bert_weights(encoder: _BertStack, weights: dict[str, np.ndarray]) -> Non
     if not encoder.built:
         encoder.build((None, None))
     for name, variable in _variables(encoder).items():
-        _assign(name, variable, weights)
+        assign_weight(name, variable, weights)
     for i, block in enumerate(encoder.blocks):
         set_weights(block, layer_weights(weights, i))
 
@@ -335,14 +335,17 @@ def _variables(encoder: _BertStack) -> dict[str, Any]:
     return out
 
 
-def _assign(name: str, variable: Any, weights: dict[str, np.ndarray]) -> None:
+def assign_weight(
+    name: str, variable: Any, weights: dict[str, np.ndarray], where: str = "set_bert_weights"
+) -> None:
+    """``variable`` set to ``weights[name]`` in its dtype; ``ValueError`` (starting with
+    ``where``) when the name is missing or the shape differs."""
     if name not in weights:
-        raise ValueError(f"set_bert_weights: `weights` has no {name!r}.")
+        raise ValueError(f"{where}: `weights` has no {name!r}.")
     value = np.asarray(weights[name])
     if value.shape != tuple(variable.shape):
         raise ValueError(
-            f"set_bert_weights: {name!r} must have shape {tuple(variable.shape)}; received "
-            f"{value.shape}."
+            f"{where}: {name!r} must have shape {tuple(variable.shape)}; received {value.shape}."
         )
     variable.assign(value.astype(variable.dtype))
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from .._checks import check_positive_int
 from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnlyLayer
+from .bert import assign_weight
 from .generation import GenerationMixin
 
 __all__ = ["CausalLM"]
@@ -268,15 +269,7 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         """Assign neutral weights (`multiattn.models.hf_causal_lm` names)."""
         weights = _split_qkv(self, weights) if self.fused_qkv else weights
         for name, variable in self._variables().items():
-            if name not in weights:
-                raise ValueError(f"CausalLM: `weights` has no {name!r}.")
-            value = np.asarray(weights[name])
-            if value.shape != tuple(variable.shape):
-                raise ValueError(
-                    f"CausalLM: {name!r} must have shape {tuple(variable.shape)}; received "
-                    f"{value.shape}."
-                )
-            variable.assign(value.astype(variable.dtype))
+            assign_weight(name, variable, weights, "CausalLM")
 
     def neutral_weights(self) -> dict[str, np.ndarray]:
         """The neutral weights as NumPy arrays in the variables' dtype."""

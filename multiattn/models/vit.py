@@ -19,7 +19,7 @@ import numpy as np
 
 from .._checks import check_positive_int
 from ..layers import LayerNormalization, TransformerEncoderLayer
-from .bert import pooler_activation
+from .bert import assign_weight, pooler_activation
 from .hf_families import POOLER_ACTIVATIONS as _POOLER_ACTIVATIONS
 
 __all__ = ["ViTModel"]
@@ -238,15 +238,7 @@ class ViTModel(keras.layers.Layer):
         from ..port import set_weights
 
         for name, variable in self._variables().items():
-            if name not in weights:
-                raise ValueError(f"ViTModel: `weights` has no {name!r}.")
-            value = np.asarray(weights[name])
-            if value.shape != tuple(variable.shape):
-                raise ValueError(
-                    f"ViTModel: {name!r} must have shape {tuple(variable.shape)}; received "
-                    f"{value.shape}."
-                )
-            variable.assign(value.astype(variable.dtype))
+            assign_weight(name, variable, weights, "ViTModel")
         d = self.hidden_size // self.num_heads
         for i, block in enumerate(self.blocks):
             prefix = f"layer_{i}/"
