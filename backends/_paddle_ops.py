@@ -556,6 +556,10 @@ class PaddleNamespace(Namespace):
         """``x1 != x2`` elementwise (bool), after promoting both to a common dtype."""
         return self._compare(paddle.not_equal, x1, x2)
 
+    def zeros(self, shape: Any, dtype: Any = "float32") -> paddle.Tensor:
+        """Zeros of ``shape`` (static ints) in ``dtype``."""
+        return paddle.zeros([int(d) for d in shape], dtype=dtype)
+
     def zeros_like(self, x: Any, dtype: Any = None) -> paddle.Tensor:
         """Zeros of the shape of ``x``, in ``dtype`` (default: the dtype of ``x``)."""
         x = self._t(x)

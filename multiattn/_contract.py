@@ -123,6 +123,10 @@ class Namespace(Protocol):
         when None); shape ``x.shape[:axis] + indices.shape + x.shape[axis + 1:]``."""
 
     @abstractmethod
+    def zeros(self, shape: Sequence[int], dtype: Any = "float32") -> Any:
+        """Zeros of ``shape`` (static ints) in ``dtype``, on the framework's default device."""
+
+    @abstractmethod
     def zeros_like(self, x: Any, dtype: Any = None) -> Any:
         """Zeros of the shape of ``x``, in ``dtype`` (default: the dtype of ``x``)."""
 

@@ -120,6 +120,9 @@ class KerasNamespace(Namespace):
     def take(self, x: Any, indices: Any, axis: int | None = None) -> Any:
         return self._ops.take(x, indices, axis=axis)
 
+    def zeros(self, shape: Sequence[int], dtype: Any = "float32") -> Any:
+        return self._keras.ops.zeros(tuple(shape), dtype=dtype)
+
     def zeros_like(self, x: Any, dtype: Any = None) -> Any:
         return self._ops.zeros_like(x, dtype=dtype)
 

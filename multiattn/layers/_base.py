@@ -98,7 +98,7 @@ def call_sublayer(layer: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
         and getattr(layer, "quantization_mode", None) is None
         and getattr(layer, "activity_regularizer", None) is None
         and hasattr(x, "dtype")
-        and keras.backend.standardize_dtype(x.dtype) == layer.compute_dtype
+        and get_ops(x).dtype_name(x) == layer.compute_dtype
         and not get_ops(x).is_symbolic(x)
         and keras_mask_of(x) is None
     ):

@@ -184,7 +184,7 @@ class TransformerDecoderLayer(TransformerBlock):
                 name="context_valid_lens",
             )
         if context_mask is not None and len(shape_of(context_mask)) == 2:
-            context_mask = keras.ops.expand_dims(context_mask, 1)  # key padding, every query
+            context_mask = get_ops(x).expand_dims(context_mask, 1)  # key padding, every query
         new_cache = None
 
         def self_attention(h):

@@ -117,7 +117,7 @@ class TransformerEncoderLayer(TransformerBlock):
         if mask is not None and len(shape_of(mask)) == 2:
             # A (batch, seq) mask (Keras' sequence mask, e.g. from Embedding(mask_zero=True)):
             # padding of the keys, the same for every query.
-            mask = keras.ops.expand_dims(mask, 1)
+            mask = get_ops(x).expand_dims(mask, 1)
 
         def attention(h):
             return self.attention(

@@ -69,7 +69,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
             self.beta if self.center else None,
             epsilon=self.epsilon,
         )
-        return keras.ops.cast(out, self.compute_dtype)
+        return get_ops(out).cast(out, self.compute_dtype)
 
 
 def _normalised_axes(where: str, axis: Any, shape: tuple) -> list[int]:
@@ -193,7 +193,7 @@ class RMSNormalization(keras.layers.Layer):
         if axes == [rank - 1]:
             out = rms_norm(inputs, self.scale, epsilon=self.epsilon)
         else:
-            ops = keras.ops
+            ops = get_ops(inputs)
             rest = [a for a in range(rank) if a not in axes]
             perm = rest + axes
             moved = ops.transpose(inputs, perm)
@@ -203,7 +203,7 @@ class RMSNormalization(keras.layers.Layer):
             out = rms_norm(flat, ops.reshape(self.scale, (width,)), epsilon=self.epsilon)
             out = ops.reshape(out, moved_shape)
             out = ops.transpose(out, [perm.index(a) for a in range(rank)])
-        return keras.ops.cast(out, self.compute_dtype)
+        return get_ops(out).cast(out, self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         self._axes(tuple(input_shape))

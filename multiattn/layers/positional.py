@@ -76,10 +76,10 @@ class PositionalEncoding(keras.layers.Layer):
                 f"PositionalEncoding: sequence length {length} of `inputs` "
                 f"{fmt_shape(tuple(inputs.shape))} exceeds max_length={self.max_length}."
             )
-        table = keras.ops.convert_to_tensor(self._table, dtype=self.compute_dtype)
-        x = inputs + table[: keras.ops.shape(inputs)[1]]
+        table = ops.convert_to_tensor(self._table, dtype=self.compute_dtype)
+        x = inputs + table[: ops.shape(inputs)[1]]
         if self.dropout > 0.0 and training:
-            x = keras.random.dropout(x, self.dropout, seed=self.seed_generator)
+            x = ops.dropout(x, self.dropout, seed=self.seed_generator)
         return x
 
     def compute_output_shape(self, input_shape):
@@ -154,9 +154,9 @@ class PositionEmbedding(keras.layers.Layer):
                 f"{fmt_shape(tuple(inputs.shape))}."
             )
         offset = check_offset(where, offset, length, self.max_length, ops)
-        table = keras.ops.cast(self.embeddings, self.compute_dtype)
+        table = ops.cast(self.embeddings, self.compute_dtype)
         rows = table_rows(ops, table, offset, length, self.max_length)
-        return keras.ops.cast(inputs, self.compute_dtype) + rows
+        return ops.cast(inputs, self.compute_dtype) + rows
 
     def compute_output_shape(self, input_shape):
         return input_shape
