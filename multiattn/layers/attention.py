@@ -193,9 +193,8 @@ class AdditiveAttention(keras.layers.Layer):
             key = value
         else:
             check_input_width(where, "key", key, self.w_k.shape[0])
-        w_q, w_k, w_v = (
-            keras.ops.cast(w, self.compute_dtype) for w in (self.w_q, self.w_k, self.w_v)
-        )
+        ops = get_ops(query)
+        w_q, w_k, w_v = (ops.cast(w, self.compute_dtype) for w in (self.w_q, self.w_k, self.w_v))
         scores = additive_scores(query, key, w_q, w_k, w_v)
         return score_attention(
             scores,

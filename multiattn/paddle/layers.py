@@ -24,6 +24,8 @@ from ._holder import PaddleLayer
 from ._twin import twin
 
 __all__ = [
+    "AdditiveAttention",
+    "DotProductAttention",
     "FeedForward",
     "GroupQueryAttention",
     "GroupedQueryAttention",
@@ -39,6 +41,8 @@ __all__ = [
     "TransformerEncoderLayer",
 ]
 
+DotProductAttention = twin(_keras.DotProductAttention)
+AdditiveAttention = twin(_keras.AdditiveAttention)
 RotaryEmbedding = twin(_keras.RotaryEmbedding)
 LayerNormalization = twin(_keras.LayerNormalization)
 RMSNormalization = twin(_keras.RMSNormalization)

@@ -10,6 +10,7 @@ equal to the query width). No Keras layer has rotary position embedding.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
@@ -22,23 +23,32 @@ from .layout import (
     encoder_attention_config,
     refuse_settings,
 )
+from .._namespace import framework_of, get_ops
 from .names import infer_config
 
 _QKV = ("query", "key", "value")
 
 
+# multiattn's layers: the Keras ones and their Paddle twins (same attributes and names).
+_MA_TARGETS = ("multiattn", "multiattn-paddle")
+
+
 def _np(variable: Any) -> np.ndarray:
+    if framework_of(variable) == "paddle":
+        return np.array(variable.numpy())
     return np.array(keras.ops.convert_to_numpy(variable))
 
 
 def _assign(variable: Any, arr: np.ndarray) -> None:
+    if framework_of(variable) == "paddle":
+        variable.set_value(np.asarray(arr, dtype=get_ops(variable).dtype_name(variable)))
+        return
     variable.assign(np.asarray(arr, dtype=keras.backend.standardize_dtype(variable.dtype)))
 
 
-def _ma():
-    import multiattn.layers as layers
-
-    return layers
+def _ma(target: str = "multiattn"):
+    name = "multiattn.paddle.layers" if target == "multiattn-paddle" else "multiattn.layers"
+    return importlib.import_module(name)
 
 
 def _tf_doc():
@@ -46,8 +56,8 @@ def _tf_doc():
 
 
 def _classes(target: str) -> dict[type, str]:
-    if target == "multiattn":
-        m = _ma()
+    if target in _MA_TARGETS:
+        m = _ma(target)
         return {
             m.MultiHeadAttention: "mha",
             m.GroupedQueryAttention: "mha",
@@ -113,7 +123,7 @@ def _gqa_settings(layer: Any) -> dict:
 
 def settings(target: str, module: Any) -> dict:
     """The module's settings, without building or reading it."""
-    if target == "multiattn" and kind_of(target, module) == "mha":
+    if target in _MA_TARGETS and kind_of(target, module) == "mha":
         return _ma_settings(module)
     if target == "keras" and _is_gqa(module):
         return _gqa_settings(module)
@@ -192,9 +202,10 @@ def read(target: str, module: Any) -> tuple[str, dict, dict]:
         }
         return kind, {**infer_config("neutral", kind, w), "dropout": module.dropout}, w
     if kind == "mha":
-        w, config = {"multiattn": _ma_mha, "keras": _keras_mha}.get(target, _doc_mha)(module)
+        readers = {"multiattn": _ma_mha, "multiattn-paddle": _ma_mha, "keras": _keras_mha}
+        w, config = readers.get(target, _doc_mha)(module)
         return kind, config, w
-    if target == "multiattn":
+    if target in _MA_TARGETS:
         attn, _ = _ma_mha(module.attention)
         rest = _norms_ffn(module.ffn_1, module.ffn_2, module.norm_1, module.norm_2)
         extra = {
@@ -275,7 +286,7 @@ def write(target: str, module: Any, kind: str, config: dict, w: dict) -> None:
             _assign(var, w[f"{name}/kernel"])
         return
     if kind == "mha":
-        if target == "multiattn":
+        if target in _MA_TARGETS:
             _write_ma_mha(module, w)
         elif target == "keras":
             for name, arr in w.items():
@@ -285,7 +296,7 @@ def write(target: str, module: Any, kind: str, config: dict, w: dict) -> None:
             _write_doc_mha(module, w)
         return
     attn = {k.removeprefix("attention/"): v for k, v in w.items() if k.startswith("attention/")}
-    if target == "multiattn":
+    if target in _MA_TARGETS:
         _write_ma_mha(module.attention, attn)
         _write_norms_ffn(w, module.ffn_1, module.ffn_2, module.norm_1, module.norm_2)
     else:
@@ -347,8 +358,8 @@ def build(target: str, kind: str, config: dict, options: dict) -> Any:
     if options:
         _refuse(target, f"unknown option(s) {sorted(options)}; {target} accepts `dtype`.")
     c = config
-    if target == "multiattn":
-        m = _ma()
+    if target in _MA_TARGETS:
+        m = _ma(target)
         if kind == "mha":
             layer = m.MultiHeadAttention(
                 c["num_heads"],

@@ -29,6 +29,7 @@ _HANDLERS: dict[str, tuple[str, str]] = {
     "keras": ("keras", "_keras"),
     "torch-doc": ("multiattn.backends.torch", "_torch"),
     "torch": ("torch", "_torch"),
+    "multiattn-paddle": ("multiattn.paddle.layers", "_keras"),
     "paddle-doc": ("multiattn.backends.paddle", "_paddle"),
     "paddle": ("paddle", "_paddle"),
     "flax": ("flax.nnx", "_flax"),
