@@ -17,13 +17,13 @@ from typing import Any
 import keras
 import numpy as np
 
+from .._namespace import framework_of, get_ops
 from .layout import (
     BEHAVIOUR_KEYS,
     DEFAULT_ROTARY_BASE,
     encoder_attention_config,
     refuse_settings,
 )
-from .._namespace import framework_of, get_ops
 from .names import infer_config
 
 _QKV = ("query", "key", "value")
