@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import string
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -170,6 +171,19 @@ def _exp_flushed(x: paddle.Tensor) -> paddle.Tensor:
     tiny = float(np.finfo(np.float64 if x.dtype == paddle.float64 else np.float32).tiny)
     out = paddle.exp(x)
     return paddle.where(x < float(np.log(tiny)), paddle.zeros_like(out), out)
+
+
+def _lowercase(subscripts: str) -> str:
+    """``subscripts`` with its upper-case labels renamed to unused lower-case ones:
+    ``paddle.einsum`` (3.3) gives wrong results for some upper-case labels (``"ABab,abc->ABc"``
+    contracted the wrong axes when measured), lower-case ones are right."""
+    upper = sorted({c for c in subscripts if c.isupper()})
+    if not upper:
+        return subscripts
+    free = [c for c in string.ascii_lowercase if c not in subscripts]
+    if len(free) < len(upper):
+        raise ValueError(f"einsum: too many labels in {subscripts!r} for paddle.einsum.")
+    return subscripts.translate(str.maketrans(dict(zip(upper, free))))
 
 
 class PaddleNamespace(Namespace):
@@ -692,7 +706,7 @@ class PaddleNamespace(Namespace):
                 out = paddle.matmul(tensors[0], tensors[1], transpose_y=matmul)
             else:
                 try:
-                    out = paddle.einsum(subscripts, *tensors)
+                    out = paddle.einsum(_lowercase(subscripts), *tensors)
                 except Exception:  # a subscript paddle.einsum cannot do: the generic path
                     out = einsum_by_broadcast(subscripts, *tensors)
         else:

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from multiattn._namespace import get_ops
+
 from .autodiff import value_and_grad
 from .cases import core_ops
 from .fixtures import Case
@@ -36,6 +38,13 @@ class CoreTarget:
 
     # -- helpers --------------------------------------------------------------------------
 
+    @staticmethod
+    def layers() -> Any:
+        """The layers the layer cases build: `multiattn.layers` (Keras)."""
+        from multiattn import layers
+
+        return layers
+
     def tensor(self, array: np.ndarray, dtype: str) -> Any:
         if array.dtype.kind != "f":
             return array
@@ -43,14 +52,14 @@ class CoreTarget:
         return self.keras.ops.convert_to_tensor(source, dtype=dtype)
 
     def _heads(self, w: Any, h: int, layout: str) -> Any:
-        ops = self.keras.ops
+        ops = get_ops(w)
         e, width = w.shape
         if layout == "contiguous":
             return ops.reshape(w, (e, h, width // h))
         return ops.transpose(ops.reshape(w, (e, width // h, h)), (0, 2, 1))
 
     def _bias(self, b: Any, h: int, layout: str) -> Any:
-        ops = self.keras.ops
+        ops = get_ops(b)
         if layout == "contiguous":
             return ops.reshape(b, (h, -1))
         return ops.transpose(ops.reshape(b, (-1, h)), (1, 0))
@@ -62,7 +71,7 @@ class CoreTarget:
             "query/kernel": self._heads(ws["W_q"], h, layout),
             "key/kernel": self._heads(ws["W_k"], hkv, layout),
             "value/kernel": self._heads(ws["W_v"], hkv, layout),
-            "attention_output/kernel": self.keras.ops.reshape(
+            "attention_output/kernel": get_ops(ws["W_o"]).reshape(
                 ws["W_o"], (h, -1, ws["W_o"].shape[-1])
             ),
         }
@@ -87,7 +96,7 @@ class CoreTarget:
         }
 
     def _decoder_layer(self, case: Case) -> Any:
-        from multiattn import layers
+        layers = self.layers()
 
         p = case.params
         layer = layers.TransformerDecoderLayer(
@@ -208,7 +217,7 @@ class CoreTarget:
         return sdpa
 
     def _forward_positional(self, case: Case) -> Any:
-        from multiattn import layers
+        layers = self.layers()
 
         p = case.params
         dtype = case.dtype
@@ -216,7 +225,7 @@ class CoreTarget:
         return lambda a: {"output": layer(a["input/x"])}
 
     def _forward_mha(self, case: Case) -> Any:
-        from multiattn import layers
+        layers = self.layers()
 
         p = case.params
         dtype = case.dtype
@@ -252,7 +261,7 @@ class CoreTarget:
         return mha
 
     def _forward_encoder(self, case: Case) -> Any:
-        from multiattn import layers
+        layers = self.layers()
 
         p = case.params
         dtype = case.dtype
@@ -311,7 +320,7 @@ class CoreTarget:
         }
 
     def _forward_mha_decode(self, case: Case) -> Any:
-        from multiattn import layers
+        layers = self.layers()
 
         p = case.params
         dtype = case.dtype
@@ -336,7 +345,7 @@ class CoreTarget:
                 for t in range(q.shape[1]):  # one token at a time through the cache
                     out, cache = layer(query[:, t : t + 1], cache=cache, cache_index=t)
                     outs.append(out)
-            return {"output": self.keras.ops.concatenate(outs, axis=1)}
+            return {"output": get_ops(*outs).concatenate(outs, axis=1)}
 
         return mha_decode
 
@@ -367,7 +376,7 @@ class CoreTarget:
                         cache_index=t,
                     )
                     outs.append(out)
-            return {"output": self.keras.ops.concatenate(outs, axis=1)}
+            return {"output": get_ops(*outs).concatenate(outs, axis=1)}
 
         return decoder
 
@@ -381,8 +390,6 @@ class CoreTarget:
         return self.framework_name or (self.backend if self.backend != "numpy" else "none")
 
     def run(self, case: Case) -> dict[str, np.ndarray]:
-        from multiattn._namespace import get_ops
-
         forward = self._forward(case)
         args = {
             f"input/{k}": self.tensor(v, case.dtype)

@@ -13,7 +13,8 @@ from .cases import core_ops
 from .fixtures import Case
 from .target_core import CoreTarget
 
-PADDLE_CORE_OPS = core_ops("ops.")  # the core functions (the layers need Keras)
+PADDLE_CORE_OPS = core_ops("ops.")  # the core functions
+PADDLE_LAYER_OPS = core_ops("layers.")  # the layers (multiattn.paddle.layers)
 
 
 def _tensor(array: np.ndarray, dtype: str) -> Any:
@@ -35,11 +36,53 @@ class PaddleCoreTarget(CoreTarget):
 
     def supports(self, case: Case) -> bool | str:
         if case.op not in PADDLE_CORE_OPS:
-            return "Keras layers need a Keras backend; the Paddle path runs the core functions"
+            return "a layer case (the target `paddle-layers` runs the layers)"
         return True
 
     def tensor(self, array: np.ndarray, dtype: str) -> Any:
         return _tensor(array, dtype)
+
+
+class _InferenceLayers:
+    """`multiattn.paddle.layers` whose layers are made in eval mode: a Paddle layer starts
+    in training mode (dropout on), the Keras targets call with ``training=None``."""
+
+    def __getattr__(self, name: str) -> Any:
+        from multiattn.paddle import layers
+
+        cls = getattr(layers, name)
+
+        def make(*args: Any, **kwargs: Any) -> Any:
+            layer = cls(*args, **kwargs)
+            layer.eval()
+            return layer
+
+        return make
+
+
+class PaddleLayerTarget(PaddleCoreTarget):
+    """The layer cases run by the Paddle twins of the layers (`multiattn.paddle.layers`),
+    with Paddle parameters and Paddle autograd."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "paddle-layers"
+
+    def supports(self, case: Case) -> bool | str:
+        import paddle
+
+        if case.op not in PADDLE_LAYER_OPS:
+            return "not a layer case (the target `paddle` runs the core functions)"
+        if case.dtype in ("float16", "bfloat16") and paddle.device.get_device() == "cpu":
+            return f"Paddle's CPU kernels have no {case.dtype} addition (the layers' biases)"
+        return True
+
+    @staticmethod
+    def layers() -> Any:
+        return _InferenceLayers()
+
+    def _state(self, layer: Any, values: list) -> Any:
+        return layer.stateless_scope(values)
 
 
 class PaddleDocumentTarget:

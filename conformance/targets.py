@@ -76,6 +76,14 @@ for _spec in (
         "the core functions on Paddle tensors",
     ),
     TargetSpec(
+        "paddle-layers",
+        "multiattn.conformance.target_paddle:PaddleLayerTarget",
+        {"KERAS_BACKEND": None},
+        ("paddle",),
+        "",
+        "the Paddle twins of the layers (multiattn.paddle.layers)",
+    ),
+    TargetSpec(
         "adapter-torch",
         "multiattn.conformance.target_adapters:TorchDocumentTarget",
         {"KERAS_BACKEND": "torch"},

@@ -12,10 +12,12 @@ compute through the `multiattn.ops` namespace of their input, like every definit
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -152,7 +154,64 @@ class PaddleLayer(paddle.nn.Layer):
         )
         param.set_value(paddle.to_tensor(value, dtype="float32").astype(dtype))
         param.stop_gradient = not (trainable and self.trainable)
+        param.keras_name = name or f"variable_{len(self._parameters)}"
         return param
+
+    # -- variables by path, and calls on given values ------------------------------------------
+
+    def _owned(self, prefix: str = "") -> list:
+        """``(owner, attribute, parameter)`` of every parameter, owners depth first; each
+        parameter gets ``path``, its Keras path (layer names joined by ``/``)."""
+        path = f"{prefix}{self.name}/"
+        found = []
+        for attr, param in self._parameters.items():
+            if param is not None:
+                param.path = path + getattr(param, "keras_name", attr)
+                found.append((self, attr, param))
+        for layer in self._sub_layers.values():
+            if isinstance(layer, PaddleLayer):
+                found += [f for f in layer._owned(path) if all(f[2] is not g[2] for g in found)]
+        return found
+
+    @property
+    def trainable_variables(self) -> list:
+        """The trainable parameters, each with ``path`` (as Keras names its variables)."""
+        return [p for _, _, p in self._owned() if not p.stop_gradient]
+
+    @property
+    def non_trainable_variables(self) -> list:
+        return [p for _, _, p in self._owned() if p.stop_gradient]
+
+    @contextlib.contextmanager
+    def stateless_scope(self, values: Any) -> Iterator[None]:
+        """Within the scope the layer reads ``values`` (tensors, in the order of
+        `trainable_variables`) in place of its trainable parameters, differentiably: the
+        Paddle counterpart of Keras' ``StatelessScope``. The parameters are restored on exit."""
+        owned = [o for o in self._owned() if not o[2].stop_gradient]
+        values = list(values)
+        if len(values) != len(owned):
+            raise ValueError(
+                f"{self._where()}.stateless_scope: `values` must hold {len(owned)} tensors (one "
+                f"per trainable variable); received {len(values)}."
+            )
+        for (owner, attr, param), value in zip(owned, values):
+            if tuple(value.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"{self._where()}.stateless_scope: the value for {param.path} must have "
+                    f"shape {tuple(param.shape)}; received {tuple(value.shape)}."
+                )
+            owner._parameters[attr] = value
+        try:
+            yield
+        finally:
+            for owner, attr, param in owned:
+                owner._parameters[attr] = param
+
+    def stateless_call(self, trainable_variables: Any, non_trainable_variables: Any, *args, **kw):
+        """``(outputs, non_trainable_variables)`` of a call reading ``trainable_variables``
+        (see `stateless_scope`), as Keras' ``stateless_call`` returns them."""
+        with self.stateless_scope(trainable_variables):
+            return self(*args, **kw), list(non_trainable_variables)
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)

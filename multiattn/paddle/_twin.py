@@ -66,10 +66,7 @@ def _rebind(fn: Any, owner: types.CellType, table: dict) -> Any:
     cells = fn.__closure__
     if cells is not None:
         names = fn.__code__.co_freevars
-        cells = tuple(
-            owner if name == "__class__" else cell
-            for name, cell in zip(names, cells)
-        )
+        cells = tuple(owner if name == "__class__" else cell for name, cell in zip(names, cells))
     new = types.FunctionType(fn.__code__, table, fn.__name__, fn.__defaults__, cells)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__dict__.update(fn.__dict__)
