@@ -53,6 +53,11 @@ def dtype_name(where: str, dtype: Any) -> str:
             )
         dtype = dtype.compute_dtype
     name = str(dtype).replace("paddle.", "")
+    if name.startswith("mixed_"):
+        raise ValueError(
+            f"{where}: mixed-precision dtype policies are not supported on Paddle; "
+            f"received `dtype`={name!r}."
+        )
     if name not in _FLOAT_DTYPES:
         raise ValueError(
             f"{where}: `dtype` must be one of {', '.join(_FLOAT_DTYPES)} (or a Keras dtype "
@@ -70,6 +75,29 @@ def _refuse_settings(where: str, **settings: Any) -> None:
             f"(received {', '.join(f'{k}={settings[k]!r}' for k in given)}); use Paddle's "
             "own means (weight decay in the optimizer, gradient clipping)."
         )
+
+
+def _forward_with_signature_of(call: Any) -> Any:
+    """A ``forward`` with the parameters of ``call`` (``paddle.jit.to_static`` reads the
+    parameters of ``forward``) that runs `PaddleLayer._forward`."""
+    sig = inspect.signature(call)
+    params = list(sig.parameters.values())[1:]
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY) for p in params):
+        return PaddleLayer.forward
+    defaults = {f"_d{i}": p.default for i, p in enumerate(params)}
+    parts, star = ["self"], False
+    for i, p in enumerate(params):
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        parts.append(p.name if p.default is p.empty else f"{p.name}=_d{i}")
+    names = ", ".join(f"{p.name!r}: {p.name}" for p in params)
+    source = f"def forward({', '.join(parts)}):\n    return self._forward_arguments({{{names}}})\n"
+    scope: dict = dict(defaults)
+    exec(source, scope)
+    forward = scope["forward"]
+    forward.__doc__ = call.__doc__
+    return forward
 
 
 class PaddleLayer(paddle.nn.Layer):
@@ -104,6 +132,8 @@ class PaddleLayer(paddle.nn.Layer):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "call" in cls.__dict__ and "forward" not in cls.__dict__:
+            cls.forward = _forward_with_signature_of(cls.__dict__["call"])
         build = cls.__dict__.get("build")
         if build is not None and not getattr(build, "_marks_built", False):
 
@@ -250,7 +280,14 @@ class PaddleLayer(paddle.nn.Layer):
         return x
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        bound = self._call_signature.bind(*args, **kwargs)
+        return self._forward(self._call_signature.bind(*args, **kwargs))
+
+    def _forward_arguments(self, arguments: dict) -> Any:
+        bound = self._call_signature.bind_partial()
+        bound.arguments.update(arguments)
+        return self._forward(bound)
+
+    def _forward(self, bound: inspect.BoundArguments) -> Any:
         for key, value in bound.arguments.items():
             if isinstance(value, (np.ndarray, np.generic, paddle.Tensor)) or framework_of(value):
                 bound.arguments[key] = self._convert(value, key)
