@@ -195,7 +195,7 @@ CASES = {
             output_bias=False,
             ffn_bias=False,
             dtype=dtype,
-        ),  # fmt: skip
+        ),
         {"x": (2, 4, 8)},
         lambda m, t: m(t["x"]),
         lambda m, a: ref.transformer_decoder_only_layer(
@@ -277,7 +277,7 @@ TWINS = {
             rotary_max_length=8,
         ),
         {"x": (2, 4, 8)},
-    ),  # fmt: skip
+    ),
     "FeedForward": (dict(hidden_dim=8, activation="gelu_tanh", gated=True), {"x": (2, 3, 6)}),
 }
 
@@ -326,7 +326,7 @@ def test_port_neutral_weights_round_trip_between_the_twins(dtype):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_cached_decoding_gives_the_causal_pass(dtype):
-    layer, arrays, call, _ = _built("decoder_only_llama", dtype)
+    layer, arrays, _, _ = _built("decoder_only_llama", dtype)
     x = tensor(arrays["x"], dtype)
     full = layer(x)
     cache = layer.init_cache(2, 6)
@@ -383,11 +383,11 @@ def test_to_static_gives_the_eager_result():
 def test_other_frameworks_tensors_and_keras_only_settings_are_refused():
     layer = L.MultiHeadAttention(2, 3)
     torch = pytest.importorskip("torch")
-    with pytest.raises(TypeError, match="`query` must be a Paddle tensor.*torch"):
+    with pytest.raises(TypeError, match=r"`query` must be a Paddle tensor.*torch"):
         layer(torch.zeros(2, 3, 6), torch.zeros(2, 3, 6))
-    with pytest.raises(TypeError, match="unknown argument.*autocast"):
+    with pytest.raises(TypeError, match=r"unknown argument.*autocast"):
         L.RMSNormalization(autocast=False)
-    with pytest.raises(ValueError, match="mixed-precision.*mixed_float16"):
+    with pytest.raises(ValueError, match=r"mixed-precision.*mixed_float16"):
         L.RMSNormalization(dtype="mixed_float16")
     with pytest.raises(ValueError, match="`kernel_regularizer` not supported on Paddle"):
         L.MultiHeadAttention(2, 3, kernel_regularizer="l2")(np.zeros((1, 2, 4), "float32"),
