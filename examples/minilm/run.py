@@ -58,10 +58,10 @@ def reference_embeddings(sentences: list[str]) -> np.ndarray:
 def load_encoder(backend: str):
     """multiattn's all-MiniLM-L6-v2 on ``backend``: a Keras layer on ``jax``, ``torch`` or
     ``tensorflow`` (`multiattn.models.bert`), a Paddle layer on ``paddle``
-    (`multiattn.models.bert_paddle`). Returns ``(encoder, options)``. Must run in a process
+    (`multiattn.paddle.models`, the Paddle twin of the same definition). Returns ``(encoder, options)``. Must run in a process
     that has not imported another framework's Keras backend."""
     if backend == "paddle":
-        from multiattn.models import bert_paddle as model_module  # imports paddle first
+        from multiattn.paddle import models as model_module  # imports paddle first
     else:
         os.environ["KERAS_BACKEND"] = backend
         from multiattn.models import bert as model_module

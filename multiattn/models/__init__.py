@@ -5,8 +5,8 @@
   imports no framework.
 * `multiattn.models.bert`: `BertSentenceEncoder`, a BERT encoder with mean pooling as a
   Keras layer (Keras jax, torch, tensorflow, numpy).
-* `multiattn.models.bert_paddle`: the same encoder on Paddle tensors, computed by the core
-  functions through the Paddle ops namespace.
+* On Paddle, `multiattn.paddle.models` holds the Paddle twins of these definitions
+  (``from_pretrained(path, framework="paddle")`` builds them).
 * `multiattn.models.pretrained`: `from_pretrained` reads a Hugging Face model folder
   (BERT's ``BertModel``, ViT's ``ViTModel``) into multiattn layers; ``save_pretrained``
   writes one transformers reads back. `multiattn.models.vit`: the ViT Keras layer.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = ("bert", "bert_paddle", "causal_lm", "checkpoint", "generation", "hf_causal_lm",
+_SUBMODULES = ("bert", "causal_lm", "checkpoint", "generation", "hf_causal_lm",
                "hf_families", "hf_files", "pretrained", "vit")  # fmt: skip
 _NAMES = {"from_pretrained": "pretrained", "PretrainedModel": "pretrained",
           "PretrainedCausalLM": "pretrained", "CausalLM": "causal_lm"}  # fmt: skip

@@ -120,9 +120,9 @@ class _BertStack(keras.layers.Layer):
         where = type(self).__name__
         if attention_mask is None:
             attention_mask = ops.ones_like(token_ids)
-        if len(token_ids.shape) != 2 or len(attention_mask.shape) != 2:
+        if len(token_ids.shape) != 2 or tuple(attention_mask.shape) != tuple(token_ids.shape):
             raise ValueError(
-                f"{where}: `token_ids` and `attention_mask` must be (batch, seq); received "
+                f"{where}: `token_ids` and `attention_mask` must be (batch, seq) of one shape; received "
                 f"{tuple(token_ids.shape)} and {tuple(attention_mask.shape)}."
             )
         seq = token_ids.shape[1]
@@ -347,7 +347,7 @@ def assign_weight(
         raise ValueError(
             f"{where}: {name!r} must have shape {tuple(variable.shape)}; received {value.shape}."
         )
-    variable.assign(value.astype(variable.dtype))
+    variable.assign(value)  # cast to the variable's dtype
 
 
 def from_checkpoint(model_dir: str | Path) -> tuple[BertSentenceEncoder, SentenceOptions]:

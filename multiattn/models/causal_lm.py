@@ -259,7 +259,7 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         if self.lm_head is not None:
             out["lm_head/kernel"] = self.lm_head
         for v in self.final_norm.weights:
-            out[f"final_norm/{v.name}"] = v
+            out[f"final_norm/{v.path.rsplit('/', 1)[-1]}"] = v
         for i, block in enumerate(self.blocks):
             for v in block.weights:
                 out[f"layer_{i}/{v.path.split(block.name + '/', 1)[1]}"] = v

@@ -119,21 +119,20 @@ class PretrainedCausalLM(PretrainedModel):
 
 
 def _check_framework(framework: Any) -> str:
-    import keras
-
-    current = keras.backend.backend()
-    if framework is None:
-        return current
-    if framework not in FRAMEWORKS:
+    if framework is not None and framework not in FRAMEWORKS:
         raise ValueError(
             f"from_pretrained: `framework` must be one of {', '.join(FRAMEWORKS)} or None; "
             f"received {framework!r}."
         )
     if framework == "paddle":
-        raise NotImplementedError(
-            "from_pretrained: framework='paddle' is not implemented yet; the Paddle BERT "
-            "sentence encoder is `multiattn.models.bert_paddle`."
-        )
+        import multiattn.paddle  # noqa: F401  (paddle first; ImportError after TensorFlow)
+
+        return framework
+    import keras
+
+    current = keras.backend.backend()
+    if framework is None:
+        return current
     if framework != current:
         raise ValueError(
             f"from_pretrained: framework={framework!r}, but this process's Keras backend is "
@@ -155,9 +154,10 @@ def from_pretrained(
             ``model.safetensors.index.json``; ``pytorch_model.bin`` only with
             ``trust_pickle``). Task-head checkpoints (``bert.`` / ``vit.`` prefixed
             tensors) load their base model; the head's tensors are listed in a warning.
-        framework: the Keras backend to run on (``jax``, ``torch``, ``tensorflow``,
-            ``numpy``); default, and the only value accepted, is the process's backend.
-            ``paddle`` raises ``NotImplementedError``.
+        framework: ``paddle`` for the Paddle twin (`multiattn.paddle.models`; imports
+            paddle, which must come before TensorFlow in a process), else the Keras
+            backend to run on (``jax``, ``torch``, ``tensorflow``, ``numpy``): default,
+            and the only Keras value accepted, is the process's backend.
         dtype: ``float32`` (default), ``float64``, ``float16`` or ``bfloat16``: the
             variables and the computation (LayerNorm statistics of half precision inputs
             are computed in float32).
@@ -183,11 +183,15 @@ def from_pretrained(
             f"from_pretrained: `dtype` must be one of {', '.join(DTYPES)} or None; "
             f"received {dtype!r}."
         )
-    _check_framework(framework)
+    framework = _check_framework(framework)
     loaded = read_folder(path, trust_pickle=trust_pickle)
     module, name = loaded.family.layer.split(":")
+    if framework == "paddle":  # the Paddle twin of the same definition
+        module = "multiattn.paddle.models"
     cls = getattr(importlib.import_module(module), name)
     layer = cls.from_sizes(loaded.sizes, "pooler/kernel" in loaded.weights, dtype or "float32")
     layer.set_neutral_weights(loaded.weights)
+    if framework == "paddle":
+        layer.eval()  # inference, as on Keras; `model.layer.train()` to fine-tune
     model_class = PretrainedCausalLM if hasattr(layer, "generate") else PretrainedModel
     return model_class(loaded.family, loaded.config, loaded.sizes, layer, loaded.ignored)

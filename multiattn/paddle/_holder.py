@@ -185,6 +185,7 @@ class PaddleLayer(paddle.nn.Layer):
         param.set_value(paddle.to_tensor(value, dtype="float32").astype(dtype))
         param.stop_gradient = not (trainable and self.trainable)
         param.keras_name = name or f"variable_{len(self._parameters)}"
+        param.assign = functools.partial(_assign, param)  # as a Keras variable
         return param
 
     # -- variables by path, and calls on given values ------------------------------------------
@@ -207,6 +208,11 @@ class PaddleLayer(paddle.nn.Layer):
     def trainable_variables(self) -> list:
         """The trainable parameters, each with ``path`` (as Keras names its variables)."""
         return [p for _, _, p in self._owned() if not p.stop_gradient]
+
+    @property
+    def weights(self) -> list:
+        """Every parameter, each with ``path``."""
+        return [p for _, _, p in self._owned()]
 
     @property
     def non_trainable_variables(self) -> list:
@@ -314,6 +320,12 @@ class PaddleLayer(paddle.nn.Layer):
         self.build(**shapes)
 
 
+def _assign(param: Any, value: Any) -> None:
+    """``param`` set to ``value`` (an array or tensor) in the parameter's dtype."""
+    value = paddle.to_tensor(np.asarray(value) if not isinstance(value, paddle.Tensor) else value)
+    param.set_value(value.astype(param.dtype))
+
+
 def _sigmoid(x: Any) -> Any:
     ops = get_ops(x)  # (1 + tanh(x / 2)) / 2: never overflows
     return (ops.tanh(x * 0.5) + 1.0) * 0.5
@@ -419,6 +431,40 @@ class Dropout(PaddleLayer):
         return get_ops(inputs).dropout(inputs, self.rate, seed=self.seed_generator)
 
 
+class Embedding(PaddleLayer):
+    """Paddle stand-in for ``keras.layers.Embedding``: ``embeddings`` ``(input_dim,
+    output_dim)``, the rows of integer ``inputs``. ``mask_zero`` is refused (no Keras
+    masks on Paddle)."""
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        embeddings_initializer: Any = "uniform",
+        embeddings_regularizer: Any = None,
+        embeddings_constraint: Any = None,
+        mask_zero: bool = False,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        _refuse_settings(
+            "Embedding",
+            embeddings_regularizer=embeddings_regularizer,
+            embeddings_constraint=embeddings_constraint,
+            mask_zero=mask_zero or None,
+        )
+        self.input_dim, self.output_dim = int(input_dim), int(output_dim)
+        self.embeddings_initializer = embeddings_initializer
+
+    def build(self, input_shape=None):
+        self.embeddings = self.add_weight(
+            (self.input_dim, self.output_dim), self.embeddings_initializer, name="embeddings"
+        )
+
+    def call(self, inputs):
+        return get_ops(inputs).take(self.embeddings, inputs, axis=0)
+
+
 class KerasLayerNormalization(PaddleLayer):
     """What ``multiattn.layers.LayerNormalization`` inherits from
     ``keras.layers.LayerNormalization`` on Paddle: the arguments and the ``gamma`` and
@@ -474,16 +520,60 @@ class KerasLayerNormalization(PaddleLayer):
         )
 
 
+def _scalar_or_tensor(x: Any, like: Any) -> Any:
+    return x if isinstance(x, paddle.Tensor) else paddle.full([], x, dtype=like.dtype)
+
+
+class _KerasOps:
+    """``keras.ops`` as the definitions see it on Paddle: the operations of the Paddle
+    namespace (`multiattn.backends._paddle_ops`), and Paddle's own functions for the few
+    ``keras.ops`` names outside the namespace contract that the model definitions use
+    (each with the ``keras.ops`` meaning)."""
+
+    def __init__(self) -> None:
+        functional = paddle.nn.functional
+        self._namespace = get_ops(paddle.zeros([0]))
+        self._extra = {
+            "ones_like": lambda x, dtype=None: paddle.ones_like(x, dtype=dtype),
+            "cumsum": lambda x, axis=None, dtype=None: paddle.cumsum(x, axis=axis, dtype=dtype),
+            "maximum": lambda a, b: paddle.maximum(a, _scalar_or_tensor(b, a)),
+            "sqrt": paddle.sqrt,
+            "sigmoid": _sigmoid,
+            "relu": functional.relu,
+            "gelu": lambda x, approximate=True: functional.gelu(x, approximate=approximate),
+            "argmax": lambda x, axis=None, keepdims=False: paddle.argmax(
+                x, axis=axis, keepdim=keepdims
+            ),
+            "full": lambda shape, fill_value, dtype=None: paddle.full(
+                list(shape), fill_value, dtype=dtype
+            ),
+            "stack": lambda xs, axis=0: paddle.stack(list(xs), axis=axis),
+        }
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._extra:
+            return self._extra[name]
+        try:
+            return getattr(self._namespace, name)
+        except AttributeError:
+            raise AttributeError(
+                f"keras.ops.{name} has no Paddle counterpart in multiattn (a definition run "
+                "on Paddle may use the operations of the namespace contract and a few more, "
+                "listed in multiattn.paddle._holder._KerasOps)."
+            ) from None
+
+
 def keras_on_paddle() -> types.ModuleType:
     """The ``keras`` the definitions see on Paddle: Keras itself, except that
     ``keras.layers`` names the holders above (the sublayers a definition builds)."""
     module = types.ModuleType("keras")
     module.__getattr__ = lambda name: getattr(keras, name)  # type: ignore[method-assign]
-    module.ops = get_ops(paddle.zeros([0]))  # the Paddle namespace: keras.ops-shaped
+    module.ops = _KerasOps()
     module.layers = types.SimpleNamespace(
         Layer=PaddleLayer,
         EinsumDense=EinsumDense,
         Dropout=Dropout,
+        Embedding=Embedding,
         LayerNormalization=KerasLayerNormalization,
     )
     return module

@@ -24,9 +24,16 @@ from typing import Any
 
 import keras
 
-from ._holder import Dropout, EinsumDense, KerasLayerNormalization, PaddleLayer, keras_on_paddle
+from ._holder import (
+    Dropout,
+    EinsumDense,
+    Embedding,
+    KerasLayerNormalization,
+    PaddleLayer,
+    keras_on_paddle,
+)
 
-__all__ = ["twin"]
+__all__ = ["definition", "twin"]
 
 # Keras classes a definition may derive from or build, and their Paddle holders.
 _HOLDERS: dict[type, type] = {
@@ -34,22 +41,32 @@ _HOLDERS: dict[type, type] = {
     keras.layers.LayerNormalization: KerasLayerNormalization,
     keras.layers.EinsumDense: EinsumDense,
     keras.layers.Dropout: Dropout,
+    keras.layers.Embedding: Embedding,
 }
+# The modules whose classes and functions are definitions (rebound for Paddle).
+_DEFINITIONS = ("multiattn.layers.", "multiattn.models.")
 _TWINS: dict[type, type] = {}
 _GLOBALS: dict[str, dict] = {}  # module name -> the globals the twins' functions read
 _KERAS = keras_on_paddle()
 
 
+def _is_definition(obj: Any) -> bool:
+    return getattr(obj, "__module__", "").startswith(_DEFINITIONS)
+
+
 def _globals_of(module_name: str) -> dict:
-    """A copy of a definition module's globals with ``keras`` and the layer classes
-    swapped for their Paddle counterparts (filled in as twins are made)."""
+    """A copy of a definition module's globals with ``keras`` swapped for
+    `keras_on_paddle`, its definition functions (its own and imported ones) rebound onto
+    such copies, and the layer classes swapped for their twins (as twins are made)."""
     if module_name not in _GLOBALS:
         table = dict(vars(sys.modules[module_name]))
+        _GLOBALS[module_name] = table  # first: functions of two modules may refer to each other
         table["keras"] = _KERAS
-        for name, value in table.items():
+        for name, value in list(table.items()):
             if isinstance(value, type) and value in _TWINS:
                 table[name] = _TWINS[value]
-        _GLOBALS[module_name] = table
+            elif isinstance(value, types.FunctionType) and _is_definition(value):
+                table[name] = _rebind(value, None, _globals_of(value.__module__))
     return _GLOBALS[module_name]
 
 
@@ -66,7 +83,10 @@ def _rebind(fn: Any, owner: types.CellType, table: dict) -> Any:
     cells = fn.__closure__
     if cells is not None:
         names = fn.__code__.co_freevars
-        cells = tuple(owner if name == "__class__" else cell for name, cell in zip(names, cells))
+        cells = tuple(
+            owner if name == "__class__" and owner is not None else cell
+            for name, cell in zip(names, cells)
+        )
     new = types.FunctionType(fn.__code__, table, fn.__name__, fn.__defaults__, cells)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__dict__.update(fn.__dict__)
@@ -81,12 +101,14 @@ def twin(cls: type) -> type:
         return _HOLDERS[cls]
     if cls in _TWINS:
         return _TWINS[cls]
-    if not cls.__module__.startswith("multiattn."):
-        raise TypeError(
-            f"twin: `cls` must be a multiattn layer class (or a Keras class with a Paddle "
-            f"holder); received {cls.__module__}.{cls.__qualname__}."
-        )
-    bases = tuple(twin(b) if issubclass(b, keras.layers.Layer) else b for b in cls.__bases__)
+    if not _is_definition(cls):
+        if issubclass(cls, keras.layers.Layer):
+            raise TypeError(
+                f"twin: `cls` must be a multiattn layer class (or a Keras class with a "
+                f"Paddle holder); received {cls.__module__}.{cls.__qualname__}."
+            )
+        return cls  # a plain base (object, a typing class): shared as it is
+    bases = tuple(twin(b) for b in cls.__bases__)
     table = _globals_of(cls.__module__)
     owner = types.CellType()
     body = {
@@ -103,3 +125,8 @@ def twin(cls: type) -> type:
             if value is cls:
                 other[name] = result
     return result
+
+
+def definition(fn: types.FunctionType) -> types.FunctionType:
+    """The Paddle form of a definition module's function (its globals name the twins)."""
+    return _globals_of(fn.__module__)[fn.__name__]

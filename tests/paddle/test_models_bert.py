@@ -1,5 +1,5 @@
-"""PaddleBertSentenceEncoder (the BERT sentence encoder on Paddle, computed by the core
-through the Paddle ops namespace) against the float64 oracle; padding; argument checks."""
+"""The BERT sentence encoder on Paddle (`multiattn.paddle.models.BertSentenceEncoder`, the
+twin of the Keras definition) against the float64 oracle; padding; argument checks."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import paddle
 import pytest
 from _bert_oracle import EPSILON, SIZES, random_batch, random_weights, sentence_embedding
 
-from multiattn.models.bert_paddle import PaddleBertSentenceEncoder
-from multiattn.models.checkpoint import BertConfig
+from multiattn.models.checkpoint import BertConfig, bert_sizes
+from multiattn.paddle.models import BertSentenceEncoder, set_bert_weights
 
 CONFIG = BertConfig(
     vocab_size=SIZES["vocab_size"],
@@ -23,9 +23,9 @@ CONFIG = BertConfig(
 )
 
 
-def make_encoder(normalize: bool = True) -> PaddleBertSentenceEncoder:
-    encoder = PaddleBertSentenceEncoder(CONFIG, normalize=normalize)
-    encoder.set_weights(random_weights())  # blocks through multiattn.port
+def make_encoder(normalize: bool = True) -> BertSentenceEncoder:
+    encoder = BertSentenceEncoder(**bert_sizes(CONFIG), normalize=normalize)
+    set_bert_weights(encoder, random_weights())  # blocks through multiattn.port
     encoder.eval()
     return encoder
 
@@ -57,10 +57,8 @@ def test_padding_changes_nothing():
 
 
 def test_bad_arguments():
-    with pytest.raises(TypeError, match="BertConfig"):
-        PaddleBertSentenceEncoder(SIZES)
     with pytest.raises(TypeError, match="normalize"):
-        PaddleBertSentenceEncoder(CONFIG, normalize=1)
+        BertSentenceEncoder(**bert_sizes(CONFIG), normalize=1)
     encoder = make_encoder()
     ids = np.ones((2, 3), np.int32)
     with pytest.raises(ValueError, match=r"\(batch, seq\)"):
@@ -71,4 +69,4 @@ def test_bad_arguments():
     w = random_weights()
     w["embeddings/position"] = w["embeddings/position"][:3]
     with pytest.raises(ValueError, match="embeddings/position"):
-        PaddleBertSentenceEncoder(CONFIG).set_weights(w)
+        set_bert_weights(BertSentenceEncoder(**bert_sizes(CONFIG)), w)

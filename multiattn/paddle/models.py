@@ -1,0 +1,36 @@
+"""``paddle.nn.Layer`` twins of the `multiattn.models` families, from the same definitions.
+
+* `BertModel` and `BertSentenceEncoder` (`multiattn.models.bert`), `ViTModel`
+  (`multiattn.models.vit`), `CausalLM` (`multiattn.models.causal_lm`: GPT-2, Llama,
+  Qwen2, Mistral, with ``generate``);
+* `from_checkpoint`: a sentence-transformers BERT folder as a `BertSentenceEncoder` (what
+  `multiattn.models.bert.from_checkpoint` does on Keras), and `set_bert_weights`.
+
+`multiattn.models.from_pretrained(path, framework="paddle")` loads Hugging Face folders
+into these. Calls take Paddle tensors or NumPy arrays and return Paddle tensors; the
+parameters are Paddle parameters (see `multiattn.paddle.layers`).
+"""
+
+from __future__ import annotations
+
+from ..models import bert as _bert
+from ..models import causal_lm as _causal_lm
+from ..models import vit as _vit
+from . import layers as _layers  # noqa: F401  (the layer twins first: the models build them)
+from ._twin import definition, twin
+
+__all__ = [
+    "BertModel",
+    "BertSentenceEncoder",
+    "CausalLM",
+    "ViTModel",
+    "from_checkpoint",
+    "set_bert_weights",
+]
+
+BertModel = twin(_bert.BertModel)
+BertSentenceEncoder = twin(_bert.BertSentenceEncoder)
+ViTModel = twin(_vit.ViTModel)
+CausalLM = twin(_causal_lm.CausalLM)
+from_checkpoint = definition(_bert.from_checkpoint)
+set_bert_weights = definition(_bert.set_bert_weights)

@@ -1,0 +1,116 @@
+"""Hugging Face checkpoints on Paddle: ``from_pretrained(path, framework="paddle")`` builds
+the Paddle twins of the families' models (`multiattn.paddle.models`). Tiny random
+transformers models are saved with ``save_pretrained``, loaded, and compared with
+transformers run in float64 (outputs, greedy tokens), and written back bit for bit."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import paddle
+import pytest
+from _paddle_support import rel_err
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from multiattn.models.pretrained import PretrainedCausalLM, from_pretrained  # noqa: E402
+
+VOCAB, CONTEXT = 64, 40
+LLAMA = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
+         "max_position_embeddings": CONTEXT}  # fmt: skip
+CAUSAL = {
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                                n_positions=CONTEXT)),
+    "llama3": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **LLAMA, rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8})),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**LLAMA)),
+    "mistral": lambda: transformers.MistralForCausalLM(
+        transformers.MistralConfig(**LLAMA, sliding_window=5)),
+}  # fmt: skip
+ENCODERS = {
+    "bert": lambda: transformers.BertModel(transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=48, max_position_embeddings=CONTEXT)),
+    "vit": lambda: transformers.ViTModel(transformers.ViTConfig(
+        image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=48)),
+}  # fmt: skip
+# Relative error against transformers in float64 (its rotary angles are float32).
+TOL = {"float32": 1e-5, "float64": 1e-6}
+
+
+def _build(make, path):
+    torch.manual_seed(0)
+    model = make()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # redrawn at a scale where greedy tokens are well separated
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            norm = "norm" in name or ".ln_" in name
+            p.copy_(1.0 + 0.1 * noise if norm and name.endswith("weight") else 0.3 * noise)
+    model.eval().save_pretrained(path)
+    return model.double()
+
+
+def _batch(length: int = 9, pads: int = 3):
+    ids = np.random.default_rng(1).integers(1, VOCAB, (2, length))
+    mask = np.ones((2, length), np.int64)
+    mask[1, :pads] = 0
+    ids[1, :pads] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", sorted(CAUSAL))
+def test_causal_lm_logits_and_greedy_tokens_match_transformers(tmp_path, case, dtype):
+    hf = _build(CAUSAL[case], tmp_path / "m")
+    model = from_pretrained(tmp_path / "m", framework="paddle", dtype=dtype)
+    assert isinstance(model, PretrainedCausalLM) and isinstance(model.layer, paddle.nn.Layer)
+    assert not model.layer.training and model.dtype == dtype
+    ids, mask = _batch()
+    out = model(input_ids=ids, attention_mask=mask)
+    assert isinstance(out["logits"], paddle.Tensor)
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                  position_ids=torch.tensor(positions)).logits.numpy()  # fmt: skip
+    real = mask.astype(bool)
+    assert rel_err(out["logits"].numpy()[real], want[real]) <= TOL[dtype]
+    if dtype == "float64":
+        with torch.no_grad():
+            tokens = hf.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                                 do_sample=False, max_new_tokens=20, pad_token_id=0,
+                                 eos_token_id=None).numpy()  # fmt: skip
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=20, pad_token_id=0)
+        np.testing.assert_array_equal(got, tokens)
+
+
+@pytest.mark.parametrize("case", sorted(ENCODERS))
+def test_encoders_match_transformers_and_save_back_bit_for_bit(tmp_path, case):
+    hf = _build(ENCODERS[case], tmp_path / "m")
+    model = from_pretrained(tmp_path / "m", framework="paddle", dtype="float64")
+    if case == "bert":
+        ids, mask = _batch()
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        real = mask.astype(bool)
+    else:
+        inputs = {"pixel_values": np.random.default_rng(2).standard_normal((2, 3, 8, 8))}
+        real = np.ones((2, 5), bool)
+    out = model(**inputs)
+    with torch.no_grad():
+        want = hf(**{k: torch.tensor(v) for k, v in inputs.items()})
+    got = out["last_hidden_state"].numpy()
+    assert rel_err(got[real], want.last_hidden_state.numpy()[real]) <= 1e-12
+    assert rel_err(out["pooler_output"].numpy(), want.pooler_output.numpy()) <= 1e-12
+    model.save_pretrained(tmp_path / "back")
+    back = type(hf).from_pretrained(tmp_path / "back").state_dict()
+    saved = type(hf).from_pretrained(tmp_path / "m").state_dict()
+    for name, tensor in saved.items():
+        assert torch.equal(back[name], tensor), name
