@@ -219,7 +219,7 @@ def test_bad_arguments(tmp_path):
         from_pretrained(tmp_path / "m", dtype="int8")
     if "tensorflow" in sys.modules and "paddle" not in sys.modules:
         # Paddle after TensorFlow would crash the process: refused with the fix named.
-        with pytest.raises(ImportError, match="Import paddle .*first"):
+        with pytest.raises(ImportError, match=r"Import paddle .*first"):
             from_pretrained(tmp_path / "m", framework="paddle")
     other = "jax" if BACKEND != "jax" else "torch"
     with pytest.raises(ValueError, match=f"framework='{other}'.*Keras backend is '{BACKEND}'"):
