@@ -385,6 +385,10 @@ def test_other_frameworks_tensors_and_keras_only_settings_are_refused():
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match=r"`query` must be a Paddle tensor.*torch"):
         layer(torch.zeros(2, 3, 6), torch.zeros(2, 3, 6))
+    import keras
+
+    with pytest.raises(TypeError, match=r"`query` must be a Paddle tensor.*KerasTensor"):
+        layer(keras.KerasTensor((2, 3, 6)), keras.KerasTensor((2, 3, 6)))
     with pytest.raises(TypeError, match=r"unknown argument.*autocast"):
         L.RMSNormalization(autocast=False)
     with pytest.raises(ValueError, match=r"mixed-precision.*mixed_float16"):
