@@ -70,19 +70,18 @@ def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def test_a_folder_agrees_on_numpy_and_torch_and_paddle_says_why_not(bert_folder, tmp_path):
+def test_a_folder_agrees_on_numpy_torch_and_paddle(bert_folder, tmp_path):
     report_path = tmp_path / "r.json"
     proc = _cli("--model", str(bert_folder), "--frameworks", "numpy,torch,paddle",
                 "--json", str(report_path), "--timeout", "300")  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(report_path.read_text())
     assert report["model_type"] == "bert" and report["reference"] == "transformers, float64"
-    for name in ("numpy", "torch"):
+    for name in ("numpy", "torch", "paddle"):
         res = report["frameworks"][name]
         assert res["status"] == "ran" and res["agree"], res
         assert set(res["outputs"]) == {"last_hidden_state", "pooler_output"}
         assert all(r["relative"] < 1e-5 for r in res["outputs"].values())
-    assert report["frameworks"]["paddle"]["status"] == "unsupported"
     assert "agrees" in proc.stdout
 
 
