@@ -141,6 +141,11 @@ def transformers_reference(model: Path, config: dict, inputs: dict, tokens: int)
     feed = {k: torch.from_numpy(np.asarray(v)) for k, v in inputs.items()}
     if "pixel_values" in feed:
         feed["pixel_values"] = feed["pixel_values"].to(torch.float64)
+    if _causal_lm(config) and "attention_mask" in feed:
+        # left padding: the positions transformers' generate gives (learned absolute
+        # positions, as GPT-2's, depend on them; multiattn computes them from the mask)
+        positions = np.maximum(np.cumsum(np.asarray(inputs["attention_mask"]), axis=1) - 1, 0)
+        feed["position_ids"] = torch.from_numpy(positions)
     with torch.no_grad():
         out = hf(**feed)
         arrays = {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
@@ -244,22 +249,35 @@ def check_model(args: argparse.Namespace) -> dict:
             if result.get("status") != "ran":
                 raise SystemExit(f"no reference: {result.get('reason')}") from None
             report["reference"] = "multiattn on NumPy, float64"
-        tol = TOLERANCE[args.dtype]
-        for framework in args.frameworks:
-            if not _installed(framework):
-                report["frameworks"][framework] = {"status": "not installed"}
-                continue
-            result, got = _run_worker(framework, args, tmp_path, inputs_path)
-            if result.get("status") == "ran":
-                rows = compare(got, want, inputs)
-                result["outputs"] = rows
-                result["agree"] = all(
-                    r.get("relative", 0.0) <= tol and r.get("token_match", 1.0) == 1.0
-                    and r.get("agree", True)
-                    for r in rows.values()
-                )  # fmt: skip
-            report["frameworks"][framework] = result
+        report["frameworks"] = run_frameworks(args, args.frameworks, tmp_path, inputs, want)
     return report
+
+
+def run_frameworks(
+    args: argparse.Namespace, frameworks: list[str], tmp: Path, inputs: dict, want: dict
+) -> dict[str, dict]:
+    """The folder ``args.model`` on each framework (a process each) against ``want``:
+    framework -> result (``status``, ``outputs`` as `compare` gives them, ``agree``)."""
+    inputs_path = tmp / "inputs.npz"
+    if not inputs_path.is_file():
+        np.savez(inputs_path, **inputs)
+    tol = TOLERANCE[args.dtype]
+    results: dict[str, dict] = {}
+    for framework in frameworks:
+        if not _installed(framework):
+            results[framework] = {"status": "not installed"}
+            continue
+        result, got = _run_worker(framework, args, tmp, inputs_path)
+        if result.get("status") == "ran":
+            rows = compare(got, want, inputs)
+            result["outputs"] = rows
+            result["agree"] = all(
+                r.get("relative", 0.0) <= tol and r.get("token_match", 1.0) == 1.0
+                and r.get("agree", True)
+                for r in rows.values()
+            )  # fmt: skip
+        results[framework] = result
+    return results
 
 
 def _print(report: dict) -> None:

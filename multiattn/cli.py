@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["conformance"]:
+        if any(a == "--families" or a.startswith("--families=") for a in argv[1:]):
+            from multiattn.conformance.families import main as families_main
+
+            return families_main(argv[1:])
         if any(a == "--model" or a.startswith("--model=") for a in argv[1:]):
             from multiattn.conformance.model_check import main as model_check_main
 
