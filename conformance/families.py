@@ -55,6 +55,21 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def redraw(model: Any, seed: int = 0) -> Any:
+    """A transformers model's parameters redrawn at a scale where greedy tokens are well
+    separated (normalisation weights N(1, 0.1), everything else N(0, 0.3)); returns the
+    model in eval mode. Used for the shipped cases and by the tests that build models."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            norm = "norm" in name.lower() or ".ln_" in name
+            p.copy_(1.0 + 0.1 * noise if norm and name.endswith("weight") else 0.3 * noise)
+    return model.eval()
+
+
 def write(directory: Path = DIRECTORY) -> dict:
     """Make every case with transformers (weights redrawn at a scale where greedy tokens
     are well separated) and write it with its expectation and a manifest."""
@@ -65,15 +80,8 @@ def write(directory: Path = DIRECTORY) -> dict:
     for name, (model_cls, config_cls, kwargs) in CASES.items():
         torch.manual_seed(0)
         model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**kwargs))
-        gen = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for pname, p in model.named_parameters():
-                noise = torch.randn(p.shape, generator=gen)
-                norm = "norm" in pname or ".ln_" in pname
-                scale = 1.0 + 0.1 * noise if norm and pname.endswith("weight") else 0.3 * noise
-                p.copy_(scale)
         folder = directory / name
-        model.eval().save_pretrained(folder)
+        redraw(model).save_pretrained(folder)
         config = json.loads((folder / "config.json").read_text())
         family = _family(config, folder)
         inputs = mc.make_inputs(config, family.inputs, 2, 6, 0)

@@ -25,6 +25,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from multiattn.conformance.families import redraw  # noqa: E402
+
 from multiattn.models.generation import choose_tokens  # noqa: E402
 from multiattn.models.pretrained import PretrainedCausalLM, from_pretrained  # noqa: E402
 
@@ -59,20 +61,9 @@ CASES = {
 TOL = {"float32": 1e-5, "float64": 1e-12, "float64-rotary": 1e-6}
 
 
-def _redraw(model, seed: int = 0):
-    """Every parameter redrawn: N(0, 0.3), normalisation weights N(1, 0.1)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            norm = "norm" in name or ".ln_" in name
-            p.copy_(1.0 + 0.1 * noise if norm and name.endswith("weight") else 0.3 * noise)
-    return model.eval()
-
-
 def _build(case: str, path):
     torch.manual_seed(0)
-    model = _redraw(CASES[case]())
+    model = redraw(CASES[case]())
     model.save_pretrained(path)
     return model.double()
 

@@ -25,6 +25,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from multiattn.conformance.families import redraw  # noqa: E402
+
 from multiattn.models.pretrained import PretrainedModel, from_pretrained  # noqa: E402
 
 DTYPES = ("float32",) if BACKEND == "numpy" else ("float32", "float64")
@@ -36,22 +38,11 @@ SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
          "intermediate_size": 48}  # fmt: skip
 
 
-def _redraw(model, seed: int):
-    """Every parameter redrawn: N(0, 0.3), LayerNorm weights N(1, 0.1)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            norm = "LayerNorm" in name or "layernorm" in name
-            p.copy_(1.0 + 0.1 * noise if norm and name.endswith("weight") else 0.3 * noise)
-    return model.eval()
-
-
 def _bert(path, seed=0, cls=None, **changes):
     config = transformers.BertConfig(
         vocab_size=50, max_position_embeddings=16, type_vocab_size=3, **{**SMALL, **changes}
     )
-    model = _redraw((cls or transformers.BertModel)(config), seed)
+    model = redraw((cls or transformers.BertModel)(config), seed)
     model.save_pretrained(path)
     return model
 
@@ -59,7 +50,7 @@ def _bert(path, seed=0, cls=None, **changes):
 def _vit(path, seed=0, **changes):
     sizes = {"image_size": 16, "patch_size": 4, "num_channels": 3, **SMALL, **changes}
     config = transformers.ViTConfig(**sizes)
-    model = _redraw(transformers.ViTModel(config), seed)
+    model = redraw(transformers.ViTModel(config), seed)
     model.save_pretrained(path)
     return model
 
@@ -125,7 +116,7 @@ def test_bert_padding_changes_no_real_token(tmp_path):
 
 def test_bert_without_pooler_and_task_head(tmp_path):
     config = transformers.BertConfig(vocab_size=50, max_position_embeddings=16, **SMALL)
-    hf = _redraw(transformers.BertModel(config, add_pooling_layer=False), 1)
+    hf = redraw(transformers.BertModel(config, add_pooling_layer=False), 1)
     hf.save_pretrained(tmp_path / "base")
     model = from_pretrained(tmp_path / "base")
     inputs = _bert_inputs()

@@ -17,6 +17,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from multiattn.conformance.families import redraw  # noqa: E402
+
 from multiattn.models.pretrained import PretrainedCausalLM, from_pretrained  # noqa: E402
 
 VOCAB, CONTEXT = 64, 40
@@ -48,14 +50,8 @@ TOL = {"float32": 1e-5, "float64": 1e-6}
 
 def _build(make, path):
     torch.manual_seed(0)
-    model = make()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # redrawn at a scale where greedy tokens are well separated
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            norm = "norm" in name or ".ln_" in name
-            p.copy_(1.0 + 0.1 * noise if norm and name.endswith("weight") else 0.3 * noise)
-    model.eval().save_pretrained(path)
+    model = redraw(make())
+    model.save_pretrained(path)
     return model.double()
 
 
