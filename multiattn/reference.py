@@ -221,17 +221,38 @@ def scaled_dot_product_attention(
     valid_lens: ArrayLike | None = None,
     causal: bool = False,
     scale: float | None = None,
+    bias: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax(q k^T * scale) v with mask, valid_lens and causal_mask(Tq, Tk) ANDed together.
+    """Softmax(q k^T * scale + bias) v with mask, valid_lens and causal_mask(Tq, Tk) ANDed
+    together.
 
-    q ``(..., Tq, d)``, k ``(..., Tk, d)``, v ``(..., Tk, dv)``; returns output
-    ``(..., Tq, dv)`` and weights ``(..., Tq, Tk)``.
+    q ``(..., Tq, d)``, k ``(..., Tk, d)``, v ``(..., Tk, dv)``; ``bias`` (float,
+    broadcastable to the scores ``(..., Tq, Tk)``) is added to the scaled scores; returns
+    output ``(..., Tq, dv)`` and weights ``(..., Tq, Tk)``.
     """
     scores = scaled_dot_scores(q, k, scale)
+    if bias is not None:
+        scores = scores + _f64(bias)
     if causal:
         c = causal_mask(scores.shape[-2], scores.shape[-1])
         mask = c if mask is None else _as_bool_mask(mask) & c
     return attention(scores, v, valid_lens=valid_lens, mask=mask)
+
+
+def alibi_bias(num_heads: int, q_len: int, k_len: int) -> np.ndarray:
+    """ALiBi bias ``(1, H, Tq, Tk)``: ``-m_h * |i + Tk - Tq - j|``, slopes ``m_h`` the
+    geometric sequence starting and stepping by ``2**(-8/n)`` for ``n`` a power of two;
+    otherwise that sequence for the largest power of two ``p < H`` followed by the odd
+    terms ``1, 3, 5, ...`` (counting from 1) of the sequence for ``2p``."""
+
+    def seq(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+    p = 2 ** math.floor(math.log2(num_heads))
+    slopes = seq(p) + [seq(2 * p)[i] for i in range(0, 2 * p, 2)][: num_heads - p]
+    rows = np.arange(q_len)[:, None] + (k_len - q_len)
+    dist = np.abs(rows - np.arange(k_len)[None, :]).astype(np.float64)
+    return -np.asarray(slopes, np.float64)[None, :, None, None] * dist[None, None]
 
 
 def split_heads(x: ArrayLike, num_heads: int, layout: str = "contiguous") -> np.ndarray:
@@ -302,6 +323,7 @@ def multi_head_attention(
     rotary_interleaved: bool = False,
     rotary_scaling: dict | None = None,
     sliding_window: int | None = None,
+    attention_bias: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Multi-head attention; returns output ``(B, Tq, Eo)`` and weights ``(B, H, Tq, Tk)``.
 
@@ -319,7 +341,9 @@ def multi_head_attention(
     "key_bias" ``(H, D)``, "value_bias" ``(H, Dv)``, "output_bias" ``(Eo,)``.
     ``mask`` must broadcast to ``(B, H, Tq, Tk)``; a 3-D ``(B, Tq, Tk)`` mask first gets a head
     axis inserted at axis 1. ``valid_lens`` is ``(B,)`` or ``(B, Tq)``. Scale defaults to
-    ``1/sqrt(D)``. A fully masked query row has zero weights, so its output is the output bias.
+    ``1/sqrt(D)``. ``attention_bias`` (float, broadcastable to ``(B, H, Tq, Tk)``) is added
+    to the scaled scores. A fully masked query row has zero weights, so its output is the
+    output bias.
     """
     query, value = _f64(query), _f64(value)
     key = value if key is None else _f64(key)
@@ -370,7 +394,14 @@ def multi_head_attention(
         band = query_pos - np.arange(tk)[None, :] < sliding_window
         mask = band if mask is None else mask & band
     context, attn = scaled_dot_product_attention(
-        q, k, v, mask=mask, valid_lens=valid_lens, causal=causal, scale=scale
+        q,
+        k,
+        v,
+        mask=mask,
+        valid_lens=valid_lens,
+        causal=causal,
+        scale=scale,
+        bias=attention_bias,
     )
     out = np.einsum("bhtv,hvo->bto", context, wo) + bias("output_bias", (wo.shape[2],))
     return out, attn

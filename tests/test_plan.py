@@ -100,6 +100,14 @@ def test_ineligible_calls_are_never_fused_nor_timed(kw):
     assert plan_attention(s).path == "explicit" and not wants_timing(s)
 
 
+@pytest.mark.parametrize("caps", [FUSED, STREAMS], ids=["fused", "streams"])
+def test_a_bias_is_never_fused_and_goes_blockwise_over_the_budget(caps):
+    s = spec(capabilities=caps, fused_faster=True, bias=True)
+    assert plan_attention(s).path == "explicit" and not wants_timing(s)
+    over = spec(capabilities=caps, bias=True, memory_budget=1024, queries=512, keys=512)
+    assert plan_attention(over).path == "blockwise"
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_is_computed_in_float32_and_may_be_fused(dtype):
     s = spec(dtype=dtype, fused_faster=True)

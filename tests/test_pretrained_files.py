@@ -175,9 +175,9 @@ def test_no_folder_no_config_no_weights(tmp_path):
 
 
 def test_unknown_model_type_lists_the_supported(tmp_path):
-    folder = write(tmp_path / "m", config={**BERT_CONFIG, "model_type": "t5"})
-    supported = "bert, gpt2, llama, mistral, qwen2, vit"
-    with pytest.raises(ValueError, match=rf"unsupported model_type 't5'; supported: {supported}"):
+    folder = write(tmp_path / "m", config={**BERT_CONFIG, "model_type": "bart"})
+    supported = "bert, gpt2, llama, mistral, qwen2, t5, vit"
+    with pytest.raises(ValueError, match=rf"unsupported model_type 'bart'; supported: {supported}"):
         read_folder(folder)
 
 

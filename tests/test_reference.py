@@ -760,3 +760,24 @@ def test_decoder_only_layer_one_token_by_hand():
     gate = n @ ffn["gate_kernel"]
     want = h + (gate / (1 + np.exp(-gate)) * (n @ ffn["up_kernel"])) @ ffn["down_kernel"]
     np.testing.assert_allclose(got[0, 0], want, rtol=1e-12)
+
+
+def test_bias_is_added_to_the_scaled_scores():
+    q, k = np.zeros((1, 1, 2)), np.zeros((1, 2, 2))
+    v = np.array([[[1.0, 0.0], [0.0, 1.0]]])
+    out, weights = ref.scaled_dot_product_attention(q, k, v, bias=np.array([0.0, np.log(3.0)]))
+    np.testing.assert_allclose(weights, [[[0.25, 0.75]]], rtol=1e-15)
+    np.testing.assert_allclose(out, [[[0.25, 0.75]]], rtol=1e-15)
+    masked, _ = ref.scaled_dot_product_attention(
+        q, k, v, mask=np.array([[True, False]]), bias=np.array([0.0, 100.0])
+    )
+    np.testing.assert_allclose(masked, [[[1.0, 0.0]]], rtol=1e-15)  # masked whatever the bias
+
+
+def test_alibi_slopes_and_distances():
+    two = ref.alibi_bias(2, 1, 3)  # slopes 2**-4, 2**-8; the query sits at position 2
+    np.testing.assert_array_equal(
+        two[0, :, 0], [[-2 / 16, -1 / 16, 0.0], [-2 / 256, -1 / 256, 0.0]]
+    )
+    three = ref.alibi_bias(3, 1, 2)[0, :, 0, 0]  # 2 heads' slopes, then 4 heads' first one
+    np.testing.assert_array_equal(three, [-(2.0**-4), -(2.0**-8), -(2.0**-2)])

@@ -25,6 +25,7 @@ from .._namespace import get_ops
 from ..ops.attention import attend
 from ..ops.masking import (
     block_keep,
+    check_bias,
     keras_keep,
     lens_rank4,
     split_masks,
@@ -369,6 +370,11 @@ class MultiHeadAttention(keras.layers.Layer):
         key_value: cross-attention over keys and values projected once by
             `project_key_value` (the pair it returns); ``value`` and ``key`` must not
             be given. ``mask``/``valid_lens`` refer to those keys.
+        attention_bias: additive float bias broadcastable to ``(batch, num_heads,
+            queries, keys)`` (with ``cache``: ``keys`` = the cache slots ``max_length``),
+            added to the scaled scores before the masked softmax (relative position
+            biases, ALiBi); rank-3 inputs only. Masked positions stay masked whatever it
+            holds. Integer or bool dtypes raise ``TypeError``, other shapes ``ValueError``.
 
     Returns:
         ``(batch, queries, *output_shape)`` in the layer's compute dtype (and the weights).
@@ -733,7 +739,9 @@ class MultiHeadAttention(keras.layers.Layer):
 
     # -- attention ---------------------------------------------------------------------------
 
-    def _attend(self, ops, q, k, v, keep, lens, causal, return_weights, training) -> Any:
+    def _attend(self, ops, q, k, v, keep, lens, causal, return_weights, training, bias=None):
+        # `score_scale` (set by subclasses such as T5's attention): the scores' multiplier.
+        scale = getattr(self, "score_scale", None)
         return attend(
             ops,
             q,
@@ -742,11 +750,12 @@ class MultiHeadAttention(keras.layers.Layer):
             keep=keep,
             valid_lens=lens,
             causal=causal,
-            scale=1.0 / math.sqrt(self.key_dim),
+            scale=1.0 / math.sqrt(self.key_dim) if scale is None else scale,
             dropout=self.dropout,
             training=training,
             seed=self.seed_generator,
             return_weights=return_weights,
+            bias=bias,
         )
 
     def _keep(
@@ -791,6 +800,7 @@ class MultiHeadAttention(keras.layers.Layer):
         window: int | None,
         return_weights: bool,
         training: Any,
+        bias: Any = None,
     ) -> tuple[Any, Any]:
         """The attention of projected ``q`` ``(B, *dims, H, D)``, ``k`` and ``v``:
         ``(output (B, *dims, H, D_v), weights or None)``. ``keep`` is aligned with the
@@ -807,7 +817,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 keep = _and(
                     ops, keep, _rank4(ops, window_keep(ops, *self._lengths(ops, q, k), window))
                 )
-            result = self._attend(ops, q, k, v, keep, lens, causal, return_weights, training)
+            result = self._attend(ops, q, k, v, keep, lens, causal, return_weights, training, bias)
             return result if return_weights else (result, None)
         return self._attention_axes_flat(
             ops, q, k, v, keep, top_left, window, return_weights, training
@@ -1048,8 +1058,9 @@ class MultiHeadAttention(keras.layers.Layer):
         return k, v
 
     def _attend_cache(
-        self, ops, q, k_cache, v_cache, index, tokens, return_weights, training, usable=None
-    ):
+        self, ops, q, k_cache, v_cache, index, tokens, return_weights, training, usable=None,
+        bias=None,
+    ):  # fmt: skip
         """``(heads, weights or None)`` of the queries at positions ``index .. index +
         tokens - 1`` over the cache, query ``i`` seeing the positions ``j <= index + i``
         (and, with ``sliding_window``, only those less than the window behind it).
@@ -1075,7 +1086,11 @@ class MultiHeadAttention(keras.layers.Layer):
             if usable is not None:
                 keep = ops.logical_and(keep, usable[:, None, None, :filled])
         causal = keep is None  # a known index: bottom-right causal over the prefix
-        result = self._attend(ops, q, keys, values, keep, None, causal, return_weights, training)
+        if bias is not None and shape_of(bias)[-1] != 1:
+            bias = bias[..., :filled]  # a bias over the cache slots: those attended
+        result = self._attend(
+            ops, q, keys, values, keep, None, causal, return_weights, training, bias
+        )
         if not return_weights:
             return result, None
         heads, weights = result
@@ -1104,12 +1119,17 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         return slots if "bool" in str(slots.dtype) else ops.not_equal(slots, 0)
 
-    def _cached_call(self, ops, query, cache, cache_index, return_weights, training, slots=None):
+    def _cached_call(
+        self, ops, query, cache, cache_index, return_weights, training, slots=None, bias=None
+    ):
         """Incremental causal self-attention through a fixed-size cache (see ``call``)."""
         where = self._WHERE
         qs = shape_of(query)
         k_cache, v_cache = self._check_kv_pair(where, "cache", cache, qs[0])
         max_length = shape_of(k_cache)[1]
+        if bias is not None:
+            shape4 = (qs[0], self.num_heads, qs[1], max_length)
+            bias = check_bias(ops, bias, shape4, where, "attention_bias")
         slots = self._slot_mask(where, ops, slots, qs[0], max_length)
         if max_length is None or qs[1] is None:
             raise ValueError(
@@ -1157,7 +1177,7 @@ class MultiHeadAttention(keras.layers.Layer):
         k_cache = _write(ops, k_cache, k, index, in_range)
         v_cache = _write(ops, v_cache, v, index, in_range)
         heads, weights = self._attend_cache(
-            ops, q, k_cache, v_cache, index, tokens, return_weights, training, slots
+            ops, q, k_cache, v_cache, index, tokens, return_weights, training, slots, bias
         )
         out = self._output(ops, heads, gate)
         if in_range is not None:
@@ -1189,6 +1209,7 @@ class MultiHeadAttention(keras.layers.Layer):
         cache=None,
         cache_index=None,
         key_value=None,
+        attention_bias=None,
     ):
         where = self._WHERE
         if not (hasattr(query, "shape") and hasattr(query, "dtype")):
@@ -1238,7 +1259,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 )
             self._check_rank3(where)
             result = self._cached_call(
-                ops, query, cache, cache_index, return_weights, training, k_mask
+                ops, query, cache, cache_index, return_weights, training, k_mask, attention_bias
             )
             self._carry_mask(result[0], q_mask)
             return result
@@ -1293,6 +1314,15 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         if isinstance(causal, (bool, np.bool_)):
             causal = bool(causal)
+        if attention_bias is not None:
+            if self._rank != 3 or self._hook_overridden():
+                raise ValueError(
+                    f"{where}: `attention_bias` needs (batch, sequence, features) inputs and "
+                    "multiattn's own attention (no `attention_axes`, no `_compute_attention` "
+                    f"override); received `attention_bias` {describe(attention_bias)}."
+                )
+            shape4 = (qs[0], self.num_heads, qs[1], shape_of(k)[1])
+            attention_bias = check_bias(ops, attention_bias, shape4, where, "attention_bias")
         if self._hook_overridden():
             keep = self._fold(ops, q, k, keep, lens, causal, top_left, self.sliding_window)
             heads, weights = self._call_hook(q, k, v, keep, training, return_weights)
@@ -1309,6 +1339,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 self.sliding_window,
                 return_weights,
                 training,
+                attention_bias,
             )
         out = self._output(ops, heads, gate)
         self._carry_mask(out, q_mask)
@@ -1420,6 +1451,7 @@ class MultiHeadAttention(keras.layers.Layer):
         cache=None,
         cache_index=None,
         key_value=None,
+        attention_bias=None,
     ):
         qs = tuple(query.shape)
         if cache is not None:

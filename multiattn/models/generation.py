@@ -1,4 +1,6 @@
-"""Token generation for `multiattn.models.causal_lm.CausalLM` through the KV cache.
+"""Token generation for `multiattn.models.causal_lm.CausalLM` (and, through the seams
+`GenerationMixin._inputs`, `_begin` and `_advance`, the encoder-decoder
+`multiattn.models.t5.T5ForConditionalGeneration`) through the KV cache.
 
 The prompt is run once through every block's cache (prefill), then one token per step.
 Choosing a token (greedy, or sampling after temperature, top-k and top-p) is done in
@@ -142,7 +144,13 @@ def choose_tokens(logits: Any, options: dict, rng: np.random.Generator) -> np.nd
 
 class GenerationMixin:
     """``generate`` for a model with ``step``, ``init_caches``, ``vocab_size`` and
-    ``max_positions`` (see `multiattn.models.causal_lm.CausalLM`)."""
+    ``max_positions`` (see `multiattn.models.causal_lm.CausalLM`).
+
+    The token loop (choosing, end-of-sequence handling, the compiled one-token step) is
+    written once here; a model changes what the prompt is and how a step is fed by
+    overriding three seams: `_inputs` (validate the prompt and the number of new tokens),
+    `_begin` (the prefill: first logits, the loop's state, the output's first columns)
+    and `_advance` (one step of the compiled ``step`` from that state)."""
 
     def generate(
         self,
@@ -184,15 +192,23 @@ class GenerationMixin:
                 out of the vocabulary, a mask that is not left padding, bad options.
             TypeError: an option of the wrong type (named).
         """
-        ids, mask = _prompt(input_ids, attention_mask, self.vocab_size)
-        new = _check_lengths(ids.shape[1], max_new_tokens, self.max_positions)
+        ids, mask, new = self._inputs(input_ids, attention_mask, max_new_tokens)
         options = _sampling(do_sample, temperature, top_k, top_p, seed)
         eos = () if eos_token_id is None else _eos_ids(eos_token_id, self.vocab_size)
         pad = _int_or_none("pad_token_id", pad_token_id, 0)
         pad = eos[0] if pad is None and eos else pad
         return self._decode(ids, mask, new, options, eos, pad)
 
-    def _decode(self, ids, mask, new, options, eos, pad) -> np.ndarray:
+    def _inputs(self, input_ids, attention_mask, max_new_tokens) -> tuple:
+        """``(ids, mask, new)``: the left-padded prompt as int64 ``(batch, seq)``, its
+        mask as int64 0/1 and the number of new tokens, checked against the context."""
+        ids, mask = _prompt(input_ids, attention_mask, self.vocab_size)
+        return ids, mask, _check_lengths(ids.shape[1], max_new_tokens, self.max_positions)
+
+    def _begin(self, ids, mask, new) -> tuple:
+        """The prefill: ``(logits of the last position (batch, vocab), state, first)``,
+        ``state`` what `_advance` needs, ``first`` the output's first columns (the
+        prompt)."""
         import keras
 
         batch, seq = ids.shape
@@ -202,7 +218,23 @@ class GenerationMixin:
         )
         positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
         logits, caches = self.step(ids, positions, caches, 0, slots)
-        rng, done, out = np.random.default_rng(options["seed"]), np.zeros(batch, bool), [ids]
+        return logits, {"caches": caches, "slots": slots, "mask": mask, "seq": seq}, ids
+
+    def _advance(self, step, token, t, state) -> Any:
+        """Feed ``token`` (int ``(batch,)``, the ``t``-th new one) through ``step`` (the
+        compiled `step`); updates ``state`` and returns the next logits."""
+        step_positions = (state["mask"].sum(axis=1) + t)[:, None].astype(np.int32)
+        index = np.asarray(state["seq"] + t, np.int32)
+        logits, state["caches"] = step(token[:, None].astype(np.int32), step_positions,
+                                       state["caches"], index, state["slots"])  # fmt: skip
+        return logits
+
+    def _decode(self, ids, mask, new, options, eos, pad) -> np.ndarray:
+        import keras
+
+        logits, state, first = self._begin(ids, mask, new)
+        batch = ids.shape[0]
+        rng, done, out = np.random.default_rng(options["seed"]), np.zeros(batch, bool), [first]
         step = self._compiled_step()
         for t in range(new):
             token = choose_tokens(keras.ops.convert_to_numpy(logits), options, rng)
@@ -212,10 +244,7 @@ class GenerationMixin:
             out.append(token[:, None].astype(np.int64))
             if t == new - 1 or done.all():
                 break
-            step_positions = (mask.sum(axis=1) + t)[:, None].astype(np.int32)
-            index = np.asarray(seq + t, np.int32)
-            logits, caches = step(token[:, None].astype(np.int32), step_positions, caches,
-                                  index, slots)  # fmt: skip
+            logits = self._advance(step, token, t, state)
         return np.concatenate(out, axis=1)
 
     def _compiled_step(self):
@@ -238,9 +267,12 @@ class GenerationMixin:
         return kept
 
     def _tf_step(self):
+        """``tf.function`` of `step`, traced once per set of shapes: the cache length
+        must stay static (``reduce_retracing`` would relax it to unknown on the first
+        call with another ``max_new_tokens`` or prompt length, which the cache refuses)."""
         import tensorflow as tf
 
-        return tf.function(self.step, reduce_retracing=True)
+        return tf.function(self.step, reduce_retracing=False)
 
     def _jax_step(self):
         import jax

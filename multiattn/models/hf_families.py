@@ -358,9 +358,10 @@ VIT = Family(
 )
 
 from .hf_causal_lm import CAUSAL_LM_FAMILIES  # noqa: E402  (needs Family, Entry above)
+from .hf_t5 import T5  # noqa: E402  (needs Family, Entry above)
 
 #: ``model_type`` -> `Family`: the families `multiattn.models.pretrained` loads.
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, VIT, *CAUSAL_LM_FAMILIES)}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, VIT, *CAUSAL_LM_FAMILIES, T5)}
 
 
 def family_of(raw: dict, where: str) -> Family:

@@ -3,7 +3,8 @@
 ``from_pretrained(path)`` reads a folder written by transformers' ``save_pretrained``
 (``config.json`` and ``model.safetensors`` or a sharded ``model.safetensors.index.json``),
 picks the family from ``model_type`` (`multiattn.models.hf_families.FAMILIES`: ``bert``,
-``vit``, and the causal language models ``gpt2``, ``llama``, ``qwen2``, ``mistral``), checks the config and every tensor (`multiattn.models.hf_files`) and returns a
+``vit``, the causal language models ``gpt2``, ``llama``, ``qwen2``, ``mistral``, and
+the encoder-decoder ``t5``), checks the config and every tensor (`multiattn.models.hf_files`) and returns a
 `PretrainedModel`: a Keras layer built from multiattn layers holding the weights, callable
 with transformers' argument names, with a `PretrainedModel.save_pretrained` that
 transformers reads back bit for bit.
@@ -64,12 +65,15 @@ class PretrainedModel:
                 (1 / True = real token, may be attended; 0 = padding; default all ones),
                 ``token_type_ids`` (default zeros). ViT: ``pixel_values`` float
                 ``(batch, channels, height, width)``. Causal LMs: ``input_ids``,
-                ``attention_mask`` (left padding for generation).
+                ``attention_mask`` (left padding for generation). T5: ``input_ids``,
+                ``attention_mask``, ``decoder_input_ids`` (required),
+                ``decoder_attention_mask``.
 
         Returns:
             ``{"last_hidden_state": ..., "pooler_output": ...}`` backend tensors in the
             model's dtype (``pooler_output`` only if the checkpoint has a pooler); causal
-            LMs ``{"logits": (batch, seq, vocab), "last_hidden_state": ...}``.
+            LMs ``{"logits": (batch, seq, vocab), "last_hidden_state": ...}``; T5 also
+            ``"encoder_last_hidden_state"`` (``last_hidden_state`` is the decoder's).
 
         Raises:
             TypeError: an argument the family does not take (named), or none given.
@@ -108,9 +112,11 @@ class PretrainedModel:
 
 
 class PretrainedCausalLM(PretrainedModel):
-    """A loaded decoder-only language model (``gpt2``, ``llama``, ``qwen2``,
-    ``mistral``): `PretrainedModel` plus `generate`. Calling it takes ``input_ids`` and
-    ``attention_mask`` and returns ``{"logits": ..., "last_hidden_state": ...}``."""
+    """A loaded language model with `generate`: decoder-only (``gpt2``, ``llama``,
+    ``qwen2``, ``mistral``; called with ``input_ids`` and ``attention_mask``) or the
+    encoder-decoder ``t5`` (also ``decoder_input_ids``; `generate` returns the decoder's
+    tokens from ``decoder_start_token_id``). Returns ``{"logits": ...,
+    "last_hidden_state": ...}`` (T5: and ``"encoder_last_hidden_state"``)."""
 
     def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> np.ndarray:
         """Greedy or sampled continuation through the KV cache; see

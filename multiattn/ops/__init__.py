@@ -9,7 +9,7 @@ from .attention import scaled_dot_product_attention, score_attention
 from .heads import HEAD_LAYOUTS, merge_heads, split_heads
 from .masking import causal_mask, combine_masks, masked_softmax, valid_lens_to_mask
 from .normalization import RMS_NORM_EPSILON, layer_norm, rms_norm
-from .positional import PE_LAYOUTS, sinusoidal_encoding
+from .positional import PE_LAYOUTS, alibi_bias, sinusoidal_encoding
 from .rotary import ROTARY_SCALINGS, rotary_embedding, rotary_frequencies, rotary_table
 from .scoring import additive_scores, dot_scores, general_scores, scaled_dot_scores
 
@@ -21,6 +21,7 @@ __all__ = [
     "ROTARY_SCALINGS",
     "activation",
     "additive_scores",
+    "alibi_bias",
     "causal_mask",
     "combine_masks",
     "dot_scores",

@@ -53,6 +53,7 @@ from .._namespace import get_ops
 from . import blockwise, blockwise_grad, plan
 from .masking import (
     block_keep,
+    check_bias,
     combine_keep,
     lens_rank4,
     rows_attending,
@@ -102,6 +103,7 @@ def attend(
     seed: Any = None,
     return_weights: bool = False,
     block_size: tuple[int, int] | None = None,
+    bias: Any = None,
 ) -> Any:
     """Attention on validated ``(batch, seq, heads, dim)`` arrays (internal).
 
@@ -128,6 +130,10 @@ def attend(
             takes the ``block_size`` of `multiattn.config.settings`, if any, else takes
             the path only when the scores ``B*H*Tq*Tk`` would exceed the memory budget.
             Either way it is not taken when the weights or dropout are needed.
+        bias: float broadcastable to ``(B, H, Tq, Tk)`` (rank <= 4, validated by the
+            caller), added to the scaled scores before the masked softmax, in the compute
+            dtype; or None. It keeps the call off the fused path (the planner's
+            ``bias``) and is differentiable on the explicit and blockwise paths.
 
     Returns:
         ``(B, Tq, H, Dv)``, and the weights ``(B, H, Tq, Tk)`` when ``return_weights``.
@@ -139,8 +145,11 @@ def attend(
     if keep is not None:
         for _ in range(4 - len(shape_of(keep))):
             keep = ops.expand_dims(keep, 0)
+    if bias is not None:
+        bias = _rank4(ops, ops.cast(bias, ops.dtype_name(query)))
     wanted = (bool(return_weights), dropout > 0.0 and bool(training))
     spec = _spec(ops, (query, key, value), keep, valid_lens, causal, dtype, block_size, wanted)
+    spec = dataclasses.replace(spec, bias=bias is not None)
     forced = config.get_fused_attention()
     if forced is not None:
         spec = dataclasses.replace(spec, fused_faster=forced)
@@ -170,7 +179,7 @@ def attend(
         )
     weights = None
     if how.path == "blockwise":
-        out = _blockwise(ops, query, key, value, keep, valid_lens, how, scale)
+        out = _blockwise(ops, query, key, value, keep, valid_lens, how, scale, bias)
     else:
         if how.fold_masks:
             keep = block_keep(ops, keep, lens4, how.causal == "mask", sizes)
@@ -180,7 +189,7 @@ def attend(
                     keep = ops.expand_dims(keep, 0)
         causal = how.causal in ("kernel", "blocks")
         drop = _Dropout(dropout, seed) if how.dropout else None
-        out, weights = _direct_attention(ops, query, key, value, keep, how, scale, drop)
+        out, weights = _direct_attention(ops, query, key, value, keep, how, scale, drop, bias)
     if how.screen != "none":
         results = (out,) if weights is None else (out, weights)
         results = ops.cond(
@@ -233,6 +242,13 @@ def _spec(
         traced=bool(ops.is_symbolic(query)),
         block_size=block_size if block_size is not None else config.get_block_size(),
     )
+
+
+def _rank4(ops: Any, x: Any) -> Any:
+    """``x`` with leading unit axes up to rank 4."""
+    for _ in range(4 - len(shape_of(x))):
+        x = ops.expand_dims(x, 0)
+    return x
 
 
 def _all_finite(ops: Any, tensors: tuple) -> Any:
@@ -314,6 +330,7 @@ def _direct_attention(
     how: plan.AttentionPlan,
     scale: float,
     drop: _Dropout | None = None,
+    bias: Any = None,
 ) -> tuple[Any, Any]:
     """The fused or the explicit path of ``how``: the whole ``(B, H, Tq, Tk)`` score
     matrix at once (unless the backend's fused kernel streams). ``keep`` is rank 4 or
@@ -324,7 +341,7 @@ def _direct_attention(
         return _fused_attention(ops, query, key, value, keep, how, scale), None
     rate, seed = drop if drop is not None else (0.0, None)
     return _explicit_attention(
-        ops, query, key, value, keep, scale, rate, drop is not None, seed, how.weights
+        ops, query, key, value, keep, scale, rate, drop is not None, seed, how.weights, bias
     )
 
 
@@ -355,6 +372,7 @@ def _blockwise(
     valid_lens: Any,
     how: plan.AttentionPlan,
     scale: float,
+    bias: Any = None,
 ) -> Any:
     """The blockwise path of ``how`` (linear memory, its own backward pass); the key/value
     heads are repeated for their groups (``how.repeat_kv``)."""
@@ -369,11 +387,12 @@ def _blockwise(
         causal=how.causal == "blocks",
         scale=scale,
         blocks=how.blocks,
+        bias=bias,
     )
 
 
 def _explicit_attention(
-    ops, query, key, value, keep, scale, dropout, training, seed, return_weights
+    ops, query, key, value, keep, scale, dropout, training, seed, return_weights, bias=None
 ):
     """Scores, masked softmax and weighted sum, in head-major layout; returns the output
     and, with ``return_weights``, the weights (else None).
@@ -406,6 +425,8 @@ def _explicit_attention(
         b, tq, tk = (_size(ops, t, axis) for t, axis in ((q, 0), (q, 2), (k, 2)))
         q = ops.reshape(q, (b, kv_heads, (heads // kv_heads) * tq, shape_of(q)[3]))
         scores = ops.reshape(ops.einsum("bhqd,bhkd->bhqk", q, k), (b, heads, tq, tk))
+    if bias is not None:
+        scores = scores + bias
     weights = softmax_where(ops, scores, keep, zero_empty_rows=return_weights)
     mixed = _apply_dropout(ops, weights, dropout, training, seed)
     if heads == kv_heads:
@@ -553,8 +574,9 @@ def scaled_dot_product_attention(
     seed: Any = None,
     return_weights: bool = False,
     block_size: int | tuple[int, int] | None = None,
+    bias: Any = None,
 ) -> Any:
-    """Scaled dot-product attention ``softmax(scale * q k^T) v`` with masking.
+    """Scaled dot-product attention ``softmax(scale * q k^T + bias) v`` with masking.
 
     Args:
         query: ``(..., queries, d)``, floating.
@@ -589,6 +611,16 @@ def scaled_dot_product_attention(
             default), unless a `multiattn.config.settings` block gives a block size.
             The blockwise path is never taken when ``return_weights`` is set or dropout
             is active (both need the whole weight matrix): the direct path is used then, whatever ``block_size`` or the budget say.
+        bias: additive attention bias: a floating tensor broadcastable to the scores
+            ``(..., queries, keys)`` (as ``mask``), added to the scaled scores before the
+            masked softmax (relative position biases, ALiBi). It is cast to the compute
+            dtype (float32 for half precision). It is not a mask: masked positions stay
+            masked whatever it holds, and it should be finite where a row may attend (use
+            ``mask`` to exclude keys). A bias keeps the call off the fused kernel (the
+            explicit or blockwise path runs). It is differentiable on every path (on the
+            blockwise path through its own backward pass; the gradient has the bias'
+            shape). Integer or bool dtypes raise ``TypeError``, a shape that does not
+            broadcast ``ValueError``, both naming ``bias``.
 
     Returns:
         Output ``(..., queries, d_v)`` in the inputs' dtype (the leading axes of
@@ -620,7 +652,8 @@ def scaled_dot_product_attention(
         value,
         mask,
         valid_lens,
-        names=("query", "key", "value", "mask", "valid_lens"),
+        bias,
+        names=("query", "key", "value", "mask", "valid_lens", "bias"),
         where=where,
     )
     query, key, value = as_array(query), as_array(key), as_array(value)
@@ -643,6 +676,9 @@ def scaled_dot_product_attention(
     keep, lens, causal = split_masks(
         ops, (*lead, qs[-2], ks[-2]), mask=mask, valid_lens=valid_lens, causal=causal, where=where
     )
+    if bias is not None:
+        bias = check_bias(ops, bias, (*lead, qs[-2], ks[-2]), where)
+        bias = _keep_to_heads(ops, bias, lead) if grouped else _keep_to_flat(ops, bias, lead, 0, 0)
     if grouped:
         # (..., H, T, d) -> (L, T, H, d): `attend` repeats each key/value head for its group.
         if keep is not None:
@@ -677,6 +713,7 @@ def scaled_dot_product_attention(
         seed=seed,
         return_weights=return_weights,
         block_size=blocks,
+        bias=bias,
     )
     out, weights = result if return_weights else (result, None)
     if grouped:

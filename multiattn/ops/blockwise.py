@@ -31,8 +31,10 @@ from .._checks import fmt_shape, shape_of
 from ..config import get_attention_memory_budget
 from .masking import (  # the mask rules live in masking; re-exported here
     _dims,
+    bias_block,
     block_keep,
     lens_rank4,
+    looped_bias,
     looped_keep,
     split_masks,
     visible_keys,
@@ -183,6 +185,11 @@ def _shift(ops: Any, peak: Any) -> Any:
     return ops.where(peak > float("-inf"), peak, 0.0)
 
 
+def add_bias(scores: Any, bias: Any) -> Any:
+    """``scores + bias`` (``bias`` None: ``scores``)."""
+    return scores if bias is None else scores + bias
+
+
 def _step(ops: Any, state: _Running | None, scores: Any, keep: Any, value: Any) -> _Running:
     """Fold one block of ``scores`` ``(B, H, bq, bk)`` and its values into ``state``.
 
@@ -225,6 +232,7 @@ def blockwise_attention(
     scale: float,
     blocks: tuple[int, int],
     return_lse: bool = False,
+    bias: Any = None,
 ) -> Any:
     """Attention on ``(batch, seq, heads, dim)`` arrays, ``blocks = (bq, bk)`` at a time.
 
@@ -242,9 +250,10 @@ def blockwise_attention(
         causal: bottom-right aligned causal mask; key blocks wholly in a query block's
             future are skipped.
         scale: multiplier of the dot products.
-
+        bias: float broadcastable to ``(B, H, Tq, Tk)`` (rank 4, the compute dtype) added
+            to the scaled scores, sliced per block like ``keep``; or None.
         return_lse: also return, per query row, the log of the softmax denominator
-            (``log sum_j exp(scale * q_i . k_j)`` over the kept keys; +inf for a row with
+            (``log sum_j exp(scale * q_i . k_j + bias_ij)`` over the kept keys; +inf for a row with
             nothing to attend), ``(B, H, Tq, 1)``: what `multiattn.ops.blockwise_grad`
             recomputes the weights from.
 
@@ -267,18 +276,22 @@ def blockwise_attention(
         lens_rows = lens
         if lens is not None and shape_of(lens)[2] != 1:
             lens_rows = lens[:, :, r0:r1]
+        bias_rows = bias_block(ops, bias, (r0, r1))
 
-        def step(state, c0, c1, r0=r0, r1=r1, q_blk=q_blk):
+        def step(state, c0, c1, r0=r0, r1=r1, q_blk=q_blk, bias_rows=bias_rows):
             blk_keep = block_keep(ops, keep, lens, causal, (tq, tk), (r0, r1), (c0, c1))
             scores = ops.einsum("bqhd,bkhd->bhqk", q_blk, key[:, c0:c1])
+            scores = add_bias(scores, bias_block(ops, bias_rows, cols=(c0, c1)))
             return _step(ops, state, scores, blk_keep, value[:, c0:c1])
 
-        def body(j, state, q_blk=q_blk, keep_rows=keep_rows, lens_rows=lens_rows):
+        def body(j, state, q_blk=q_blk, keep_rows=keep_rows, lens_rows=lens_rows,
+                 bias_rows=bias_rows):  # fmt: skip
             c0 = j * bk
             k_blk = ops.slice(key, (0, c0, 0, 0), (kdims[0], bk, kdims[2], kdims[3]))
             v_blk = ops.slice(value, (0, c0, 0, 0), (vdims[0], bk, vdims[2], vdims[3]))
             blk_keep = looped_keep(ops, keep_rows, lens_rows, c0, bk, axis=3)
             scores = ops.einsum("bqhd,bkhd->bhqk", q_blk, k_blk)
+            scores = add_bias(scores, looped_bias(ops, bias_rows, c0, bk, axis=3))
             return _step(ops, state, scores, blk_keep, v_blk)
 
         # A block that sees no key takes one all-masked step, which gives zeros.

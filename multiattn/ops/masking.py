@@ -262,6 +262,49 @@ def check_mask(ops: Any, mask: Any, scores_shape: tuple, where: str, name: str =
     return _mask_to_bool(ops, where, name, mask)
 
 
+def check_bias(ops: Any, bias: Any, scores_shape: tuple, where: str, name: str = "bias") -> Any:
+    """A caller's additive attention bias as a tensor of ``ops``: floating (``TypeError``
+    naming ``name`` otherwise, and for None-like or string input) and broadcastable to
+    ``scores_shape`` (``ValueError`` naming ``name`` and the shape received)."""
+    bias = as_array(bias)
+    check_float(where, name, bias, ops)
+    broadcast_shape(where, name, shape_of(bias), scores_shape)
+    return to_tensor(ops, bias)
+
+
+def bias_block(ops: Any, bias: Any, rows: tuple | None = None, cols: tuple | None = None) -> Any:
+    """The block ``rows x cols`` (``(start, stop)``, static; None: the whole axis) of a
+    rank-4 ``bias`` broadcastable to ``(B, H, Tq, Tk)``; an axis of size 1 is kept whole
+    (broadcast). None stays None."""
+    if bias is None:
+        return None
+    bs = shape_of(bias)
+    if rows is not None and bs[2] != 1:
+        bias = bias[:, :, rows[0] : rows[1]]
+    if cols is not None and bs[3] != 1:
+        bias = bias[:, :, :, cols[0] : cols[1]]
+    return bias
+
+
+def looped_bias(ops: Any, bias: Any, start: Any, size: int, axis: int) -> Any:
+    """Rows (``axis=2``) or columns (``axis=3``) ``[start, start + size)`` of a rank-4
+    ``bias``, ``start`` possibly traced (inside ``fori_loop``); an axis of size 1 is kept
+    whole. None stays None."""
+    if bias is None or shape_of(bias)[axis] == 1:
+        return bias
+    if axis == 2:
+        return _dynamic_rows(ops, bias, start, size)
+    dims = _dims(ops, bias)
+    return ops.slice(bias, (0, 0, 0, start), (*dims[:3], size))
+
+
+def sum_to_shape(ops: Any, grad: Any, shape: tuple) -> Any:
+    """``grad`` (rank 4) summed over the axes where ``shape`` (rank 4) has size 1 and
+    ``grad`` does not: the gradient of a tensor of ``shape`` broadcast into ``grad``."""
+    axes = tuple(i for i, d in enumerate(shape) if d == 1 and shape_of(grad)[i] != 1)
+    return ops.sum(grad, axis=axes, keepdims=True) if axes else grad
+
+
 def split_masks(
     ops: Any,
     scores_shape: tuple[int | None, ...],

@@ -92,7 +92,9 @@ class AttentionSpec:
     Sizes are ints, or None where unknown until the call runs (a trace). ``dtype`` is the
     inputs' dtype name (half precision is computed in float32). ``mask``: a boolean mask
     is given; ``lengths``: valid lengths, one per sequence ``(B,)`` or one per query
-    ``(B, Tq)``; ``causal``: the bottom-right aligned causal mask. ``weights``: the
+    ``(B, Tq)``; ``causal``: the bottom-right aligned causal mask; ``bias``: an additive
+    float bias is added to the scores (no fused kernel takes one: the explicit or the
+    blockwise path runs). ``weights``: the
     weights are returned; ``dropout``: dropout is active (a rate above 0 while
     training); ``traced``: the inputs are symbolic (``jax.jit``, ``tf.function``).
     ``memory_budget`` (bytes) and ``block_size`` (forced ``(queries, keys)`` blocks, or
@@ -118,6 +120,7 @@ class AttentionSpec:
     mask: bool = False
     lengths: Lengths = "none"
     causal: bool = False
+    bias: bool = False
     weights: bool = False
     dropout: bool = False
     traced: bool = False
@@ -225,10 +228,12 @@ _EMPTY_ROWS = {
 
 
 def _eligible(spec: AttentionSpec) -> bool:
-    """The backend has a fused kernel for these arrays: float32 compute, and value width
-    == key width (Keras' fused attention fails otherwise on jax)."""
+    """The backend has a fused kernel for these arrays: float32 compute, value width
+    == key width (Keras' fused attention fails otherwise on jax) and no additive bias (the
+    namespace's kernel takes a boolean mask only)."""
     return (
         spec.capabilities.has_fused_attention
+        and not spec.bias
         and spec.compute_dtype == "float32"
         and spec.key_width is not None
         and spec.key_width == spec.value_width
