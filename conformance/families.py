@@ -48,6 +48,10 @@ CASES: dict[str, tuple[str, str, dict]] = {
     "llama": ("LlamaForCausalLM", "LlamaConfig", dict(**_DECODER, rope_scaling=_LLAMA3)),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(_DECODER)),
     "mistral": ("MistralForCausalLM", "MistralConfig", dict(**_DECODER, sliding_window=3)),
+    "t5": ("T5ForConditionalGeneration", "T5Config", dict(
+        vocab_size=VOCAB, d_model=16, d_kv=4, num_heads=4, num_layers=1, d_ff=24,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=VOCAB - 1)),
 }  # fmt: skip
 
 
@@ -95,7 +99,8 @@ def write(directory: Path = DIRECTORY) -> dict:
     return manifest
 
 
-_OUTPUTS = ("logits", "last_hidden_state", "pooler_output", "generated_ids")
+_OUTPUTS = ("logits", "last_hidden_state", "pooler_output", "encoder_last_hidden_state",
+            "generated_ids")  # fmt: skip
 
 
 def _family(config: dict, folder: Path) -> Any:

@@ -69,9 +69,21 @@ def make_inputs(config: dict, inputs: tuple[str, ...], batch: int, length: int, 
             else:
                 mask[1, -2:] = 0
         out["attention_mask"] = mask
+    if "decoder_input_ids" in inputs:  # encoder-decoder: a decoder prefix of its own
+        start = int(config.get("decoder_start_token_id") or 0)
+        prefix = rng.integers(0, vocab, (batch, max(1, length // 2))).astype(np.int64)
+        prefix[:, 0] = start
+        out["decoder_input_ids"] = prefix
     if "token_type_ids" in inputs and config.get("type_vocab_size", 1) > 1:
         out["token_type_ids"] = rng.integers(0, 2, (batch, length)).astype(np.int64)
     return out
+
+
+def _generative(config: dict) -> bool:
+    """A language model with ``generate``: causal, or encoder-decoder (T5)."""
+    return _causal_lm(config) or any(
+        a.endswith("ForConditionalGeneration") for a in config.get("architectures") or ()
+    )
 
 
 def _causal_lm(config: dict) -> bool:
@@ -149,7 +161,7 @@ def transformers_reference(model: Path, config: dict, inputs: dict, tokens: int)
     with torch.no_grad():
         out = hf(**feed)
         arrays = {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
-        if tokens and hasattr(hf, "generate") and _causal_lm(config):
+        if tokens and hasattr(hf, "generate") and _generative(config):
             ids = hf.generate(
                 **{k: feed[k] for k in ("input_ids", "attention_mask") if k in feed},
                 max_new_tokens=tokens,

@@ -402,7 +402,7 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
                "decoder/relative_bias": self.decoder_bias}  # fmt: skip
         for side, norm in (("encoder", self.encoder_norm), ("decoder", self.decoder_norm)):
             for v in norm.weights:
-                out[f"{side}/final_norm/{v.name}"] = v
+                out[f"{side}/final_norm/{v.path.rsplit('/', 1)[-1]}"] = v
         for side, blocks in (("encoder", self.encoder_blocks), ("decoder", self.decoder_blocks)):
             for i, block in enumerate(blocks):
                 for v in block.weights:

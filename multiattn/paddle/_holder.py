@@ -537,6 +537,7 @@ class _KerasOps:
             "ones_like": lambda x, dtype=None: paddle.ones_like(x, dtype=dtype),
             "cumsum": lambda x, axis=None, dtype=None: paddle.cumsum(x, axis=axis, dtype=dtype),
             "maximum": lambda a, b: paddle.maximum(a, _scalar_or_tensor(b, a)),
+            "minimum": lambda a, b: paddle.minimum(a, _scalar_or_tensor(b, a)),
             "sqrt": paddle.sqrt,
             "sigmoid": _sigmoid,
             "relu": functional.relu,

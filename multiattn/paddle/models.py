@@ -2,7 +2,7 @@
 
 * `BertModel` and `BertSentenceEncoder` (`multiattn.models.bert`), `ViTModel`
   (`multiattn.models.vit`), `CausalLM` (`multiattn.models.causal_lm`: GPT-2, Llama,
-  Qwen2, Mistral, with ``generate``);
+  Qwen2, Mistral, with ``generate``), `T5ForConditionalGeneration` (`multiattn.models.t5`);
 * `from_checkpoint`: a sentence-transformers BERT folder as a `BertSentenceEncoder` (what
   `multiattn.models.bert.from_checkpoint` does on Keras), and `set_bert_weights`.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..models import bert as _bert
 from ..models import causal_lm as _causal_lm
+from ..models import t5 as _t5
 from ..models import vit as _vit
 from . import layers as _layers  # noqa: F401  (the layer twins first: the models build them)
 from ._twin import definition, twin
@@ -23,6 +24,7 @@ __all__ = [
     "BertModel",
     "BertSentenceEncoder",
     "CausalLM",
+    "T5ForConditionalGeneration",
     "ViTModel",
     "from_checkpoint",
     "set_bert_weights",
@@ -32,5 +34,8 @@ BertModel = twin(_bert.BertModel)
 BertSentenceEncoder = twin(_bert.BertSentenceEncoder)
 ViTModel = twin(_vit.ViTModel)
 CausalLM = twin(_causal_lm.CausalLM)
+T5Attention = twin(_t5.T5Attention)
+T5Block = twin(_t5.T5Block)
+T5ForConditionalGeneration = twin(_t5.T5ForConditionalGeneration)
 from_checkpoint = definition(_bert.from_checkpoint)
 set_bert_weights = definition(_bert.set_bert_weights)

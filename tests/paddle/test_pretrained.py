@@ -44,6 +44,9 @@ ENCODERS = {
         image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
         num_attention_heads=4, intermediate_size=48)),
 }  # fmt: skip
+T5 = lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(  # noqa: E731
+    vocab_size=VOCAB, d_model=32, d_kv=8, num_heads=4, num_layers=2, d_ff=64,
+    decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))  # fmt: skip
 # Relative error against transformers in float64 (its rotary angles are float32).
 TOL = {"float32": 1e-5, "float64": 1e-6}
 
@@ -110,3 +113,22 @@ def test_encoders_match_transformers_and_save_back_bit_for_bit(tmp_path, case):
     saved = type(hf).from_pretrained(tmp_path / "m").state_dict()
     for name, tensor in saved.items():
         assert torch.equal(back[name], tensor), name
+
+
+def test_t5_logits_and_greedy_tokens_match_transformers(tmp_path):
+    hf = _build(T5, tmp_path / "m")
+    model = from_pretrained(tmp_path / "m", framework="paddle", dtype="float64")
+    ids = np.random.default_rng(0).integers(2, VOCAB, (2, 7))
+    mask = np.ones((2, 7), np.int64)
+    mask[1, 5:] = 0
+    decoder = np.random.default_rng(1).integers(2, VOCAB, (2, 4))
+    out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder)
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                  decoder_input_ids=torch.tensor(decoder))  # fmt: skip
+        tokens = hf.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                             do_sample=False, max_new_tokens=10).numpy()  # fmt: skip
+    # transformers computes T5's norm statistics in float32, even in a float64 model
+    assert rel_err(out["logits"].numpy(), want.logits.numpy()) <= 1e-5
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=10)
+    np.testing.assert_array_equal(got, tokens)
