@@ -40,10 +40,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="multiattn port",
         description="Convert attention weights between frameworks' checkpoint files.",
     )
-    p.add_argument("src", type=Path, help="source weight file")
-    p.add_argument("dst", type=Path, help="destination file (written atomically)")
-    p.add_argument("--from", dest="src_fmt", required=True, choices=FORMATS)
-    p.add_argument("--to", dest="dst_fmt", default="safetensors", choices=FORMATS,
+    p.add_argument("src", type=Path, help="source weight file (hf: a model folder)")
+    p.add_argument("dst", type=Path, help="destination file or folder (written atomically)")
+    p.add_argument("--from", dest="src_fmt", required=True, choices=(*FORMATS, "hf"))
+    p.add_argument("--to", dest="dst_fmt", default="safetensors", choices=(*FORMATS, "hf"),
                    help="output format (default: safetensors, the neutral layout)")  # fmt: skip
     p.add_argument("--module", choices=("mha", "encoder"),
                    help="module kind (not needed for multiattn safetensors files)")  # fmt: skip
@@ -158,8 +158,27 @@ def _error(message: str) -> None:
     print(f"multiattn port: error: {message}", file=sys.stderr)
 
 
+def _model(args: argparse.Namespace) -> int:
+    """A whole model folder (`multiattn.port.models`)."""
+    from .models import convert_model
+
+    try:
+        if _same_file(args.src, args.dst):
+            raise PortError("SRC and DST are the same.")
+        done = convert_model(args.src, args.dst, args.src_fmt, args.dst_fmt,
+                             args.trust_pickle, args.force)  # fmt: skip
+    except PortError as err:
+        _error(f"{err} Nothing was written.")
+        return 1
+    print(f"{args.src} ({args.src_fmt}) -> {args.dst} ({args.dst_fmt}): "
+          f"{done['model_type']} model, {done['tensors']} tensors")  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if "hf" in (args.src_fmt, args.dst_fmt):
+        return _model(args)
     try:
         extra = _extra(args)
         max_bytes = _size(args.max_size)
