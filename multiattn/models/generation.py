@@ -61,8 +61,9 @@ def _sampling(do_sample, temperature, top_k, top_p, seed) -> dict:
     }
 
 
-def _prompt(input_ids: Any, attention_mask: Any, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """The prompt as int64 ``(batch, seq)`` and its mask as int64 0/1 (left padding)."""
+def prompt_arrays(input_ids: Any, attention_mask: Any, vocab: int) -> tuple:
+    """``input_ids`` as int64 ``(batch, seq)`` token ids in ``[0, vocab)`` and its mask
+    as int64 0/1 (all ones when None), any padding pattern; errors name the argument."""
     import keras
 
     ids = np.asarray(keras.ops.convert_to_numpy(input_ids))
@@ -84,7 +85,12 @@ def _prompt(input_ids: Any, attention_mask: Any, vocab: int) -> tuple[np.ndarray
             f"generate: `attention_mask` must have the shape of `input_ids` {ids.shape}; "
             f"received {mask.shape}."
         )
-    mask = (mask != 0).astype(np.int64)
+    return ids.astype(np.int64), (mask != 0).astype(np.int64)
+
+
+def _prompt(input_ids: Any, attention_mask: Any, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """The prompt as int64 ``(batch, seq)`` and its mask as int64 0/1 (left padding)."""
+    ids, mask = prompt_arrays(input_ids, attention_mask, vocab)
     if not mask[:, -1].all() or (np.diff(mask, axis=1) < 0).any():
         raise ValueError(
             "generate: `attention_mask` must be left padding (each row zeros then ones, "

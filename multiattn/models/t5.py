@@ -27,7 +27,7 @@ import numpy as np
 from .._checks import check_positive_int
 from ..layers import FeedForward, MultiHeadAttention, RMSNormalization
 from .bert import assign_weight
-from .generation import GenerationMixin, _int_or_none
+from .generation import GenerationMixin, _int_or_none, prompt_arrays
 
 __all__ = ["T5Attention", "T5Block", "T5ForConditionalGeneration", "relative_buckets"]
 
@@ -338,30 +338,11 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
     def _inputs(self, input_ids, attention_mask, max_new_tokens) -> tuple:
         """The encoder's prompt (any padding pattern, rows with at least one real token)
         and the number of new decoder tokens."""
-        ids = np.asarray(keras.ops.convert_to_numpy(input_ids))
-        if ids.ndim != 2 or ids.dtype.kind not in "iu" or ids.shape[1] == 0:
-            raise ValueError(
-                f"generate: `input_ids` must be a non-empty integer (batch, seq) array; "
-                f"received shape {ids.shape} of {ids.dtype}."
-            )
-        if ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise ValueError(
-                f"generate: `input_ids` must hold token ids in [0, {self.vocab_size}); "
-                f"received values in [{ids.min()}, {ids.max()}]."
-            )
-        mask = np.ones(ids.shape, np.int64)
-        if attention_mask is not None:
-            mask = np.asarray(keras.ops.convert_to_numpy(attention_mask))
-            if mask.shape != ids.shape:
-                raise ValueError(
-                    f"generate: `attention_mask` must have the shape of `input_ids` "
-                    f"{ids.shape}; received {mask.shape}."
-                )
-            mask = (mask != 0).astype(np.int64)
+        ids, mask = prompt_arrays(input_ids, attention_mask, self.vocab_size)
         new = _int_or_none("max_new_tokens", max_new_tokens)
         if new is None:
             raise TypeError("generate: `max_new_tokens` must be an int; received None.")
-        return ids.astype(np.int64), mask, new
+        return ids, mask, new
 
     def _begin(self, ids, mask, new) -> tuple:
         """Encode once, project the cross-attention keys/values once, then feed

@@ -25,7 +25,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from multiattn.conformance.families import redraw  # noqa: E402
+from _hf_models import build, left_padded_batch  # noqa: E402
 
 from multiattn.models.generation import choose_tokens  # noqa: E402
 from multiattn.models.pretrained import PretrainedCausalLM, from_pretrained  # noqa: E402
@@ -62,19 +62,11 @@ TOL = {"float32": 1e-5, "float64": 1e-12, "float64-rotary": 1e-6}
 
 
 def _build(case: str, path):
-    torch.manual_seed(0)
-    model = redraw(CASES[case]())
-    model.save_pretrained(path)
-    return model.double()
+    return build(CASES[case], path)
 
 
 def _batch(length: int = 9, pads: int = 3):
-    """Two prompts, the second left-padded with ``pads`` pads (id 0 under the mask)."""
-    ids = np.random.default_rng(1).integers(1, VOCAB, (2, length))
-    mask = np.ones((2, length), np.int64)
-    mask[1, :pads] = 0
-    ids[1, :pads] = 0
-    return ids, mask
+    return left_padded_batch(VOCAB, length, pads)
 
 
 def _hf_logits(model, ids, mask):

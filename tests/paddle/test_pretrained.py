@@ -17,7 +17,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from multiattn.conformance.families import redraw  # noqa: E402
+from _hf_models import build, left_padded_batch  # noqa: E402
 
 from multiattn.models.pretrained import PretrainedCausalLM, from_pretrained  # noqa: E402
 
@@ -51,19 +51,11 @@ T5 = lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(  # n
 TOL = {"float32": 1e-5, "float64": 1e-6}
 
 
-def _build(make, path):
-    torch.manual_seed(0)
-    model = redraw(make())
-    model.save_pretrained(path)
-    return model.double()
+_build = build
 
 
 def _batch(length: int = 9, pads: int = 3):
-    ids = np.random.default_rng(1).integers(1, VOCAB, (2, length))
-    mask = np.ones((2, length), np.int64)
-    mask[1, :pads] = 0
-    ids[1, :pads] = 0
-    return ids, mask
+    return left_padded_batch(VOCAB, length, pads)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
