@@ -19,10 +19,13 @@ find a tensor's framework).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import inspect
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -278,9 +281,111 @@ class _NumpyNamespace(KerasNamespace):
         return self._ops.einsum(subscripts, *operands)
 
 
-class _TorchNamespace(KerasNamespace):
+#: Operations whose ``keras.ops`` function only dispatches: when no argument holds a Keras
+#: symbolic tensor it calls the backend's function of the same name with the same
+#: arguments (checked against Keras 3.15's ``keras/src/ops``). A namespace that sets
+#: ``_direct_dispatch`` calls that backend function itself for concrete arguments, which
+#: gives the same result without ``keras.ops``' per-call search of the arguments for
+#: symbolic tensors (a pytree walk of every argument; most of an eager decoding step's
+#: cost on small models). ``where``: both of ``x1``, ``x2`` given (Keras validates that).
+_DISPATCH_ONLY = (
+    "any", "broadcast_to", "concatenate", "equal", "exp", "expand_dims", "greater_equal",
+    "less", "less_equal", "logical_and", "logical_not", "logical_or", "max", "moveaxis",
+    "multiply", "not_equal", "square", "sum", "take", "tanh", "transpose", "where",
+)  # fmt: skip
+#: The same for operations whose ``keras.ops`` function standardises ``dtype`` first.
+_DISPATCH_WITH_DTYPE = {"cast": "core", "zeros_like": "numpy", "arange": "numpy"}
+
+
+_SYMBOLIC: list[type] = []  # [keras.KerasTensor], set by the first `_DirectDispatch`
+
+
+def _concrete(items: Any) -> bool:
+    """True when no item (nor an item of a list or tuple item) is a Keras symbolic
+    tensor: what ``keras.ops`` checks before it calls the backend."""
+    symbolic = _SYMBOLIC[0]
+    for x in items:
+        if isinstance(x, symbolic):
+            return False
+        if isinstance(x, (list, tuple)) and not _concrete(x):
+            return False
+    return True
+
+
+def _direct(name: str) -> Callable[..., Any]:
+    """The method ``name`` that calls the backend function directly (see
+    `_DISPATCH_ONLY`) for concrete arguments and falls back to ``keras.ops``."""
+    base = getattr(KerasNamespace, name)
+
+    def op(self: KerasNamespace, *args: Any, **kwargs: Any) -> Any:
+        if name == "where" and (len(args) + len(kwargs) != 3):
+            return base(self, *args, **kwargs)
+        if _concrete(args) and _concrete(kwargs.values()):
+            return getattr(self._backend.numpy, name)(*args, **kwargs)
+        return base(self, *args, **kwargs)
+
+    return functools.wraps(base)(op)
+
+
+def _direct_with_dtype(name: str, module: str) -> Callable[..., Any]:
+    """As `_direct`, for ``cast``, ``zeros_like`` and ``arange`` (``dtype`` standardised
+    first, as ``keras.ops`` does)."""
+    base = getattr(KerasNamespace, name)
+    params = list(inspect.signature(base).parameters)[1:]
+
+    def op(self: KerasNamespace, *args: Any, **kwargs: Any) -> Any:
+        bound = dict(zip(params, args), **kwargs)
+        if not (_concrete(bound.values())):
+            return base(self, *args, **kwargs)
+        if bound.get("dtype") is not None:
+            bound["dtype"] = self._keras.backend.standardize_dtype(bound["dtype"])
+        fn = getattr(getattr(self._backend, module), name)
+        if name == "cast":
+            return fn(bound["x"], bound["dtype"])
+        return fn(**bound)
+
+    return functools.wraps(base)(op)
+
+
+class _DirectDispatch:
+    """Mixin of a Keras namespace whose hot operations skip ``keras.ops``' dispatch for
+    concrete arguments (see `_DISPATCH_ONLY`); the results are those of ``keras.ops``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import keras
+
+        self._backend = keras.src.backend
+        _SYMBOLIC[:] = [keras.KerasTensor]
+
+    locals().update({n: _direct(n) for n in _DISPATCH_ONLY})
+    locals().update({n: _direct_with_dtype(n, m) for n, m in _DISPATCH_WITH_DTYPE.items()})
+
+
+#: The guards of the recording under way (see `torch_trace_guards`), or None.
+_TRACE_GUARDS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "multiattn_torch_trace_guards", default=None
+)
+
+
+@contextlib.contextmanager
+def torch_trace_guards() -> Iterator[list]:
+    """While ``torch.jit.trace`` records inside this block, the torch namespace's ``cond``
+    records the branch its predicate takes and appends ``(predicate tensor, taken)`` to
+    the yielded list: a replay of the recording is valid for inputs whose predicates
+    take the same branches (the caller checks them, `multiattn.models.torch_step`)."""
+    guards: list = []
+    token = _TRACE_GUARDS.set(guards)
+    try:
+        yield guards
+    finally:
+        _TRACE_GUARDS.reset(token)
+
+
+class _TorchNamespace(_DirectDispatch, KerasNamespace):
     """Keras' torch backend: float64 einsum, the dense projections on oneDNN or BLAS,
-    PyTorch's SDPA called directly, and ``custom_gradient`` as an autograd Function."""
+    PyTorch's SDPA called directly, ``custom_gradient`` as an autograd Function, and the
+    hot operations without ``keras.ops``' dispatch for concrete tensors."""
 
     fused_attention_streams = True
 
@@ -295,11 +400,15 @@ class _TorchNamespace(KerasNamespace):
 
     def is_symbolic(self, x: Any) -> bool:
         """`KerasNamespace.is_symbolic`, and also True for tensors on PyTorch's ``meta``
-        device: Keras' torch backend infers output shapes by running a layer's ``call``
-        on them, and they hold no values (anything made from one must not be kept)."""
+        device (Keras' torch backend infers output shapes by running a layer's ``call``
+        on them, and they hold no values: anything made from one must not be kept) and
+        for every tensor while ``torch.jit.trace`` records (their values are the example
+        inputs', not those the recording will be replayed on)."""
         if getattr(getattr(x, "device", None), "type", None) == "meta":
             return True
-        return super().is_symbolic(x)
+        import torch
+
+        return torch.jit.is_tracing() or super().is_symbolic(x)
 
     def einsum(self, subscripts: str, *operands: Any) -> Any:
         """``keras.ops.einsum``, except that float64 operands go to ``torch.einsum``
@@ -358,7 +467,35 @@ class _TorchNamespace(KerasNamespace):
             return "onednn"
         from . import tuning
 
+        if torch.jit.is_tracing() and not torch.is_grad_enabled():
+            return "measure"  # recorded as the product decided earlier (or BLAS's)
         return None if tuning.torch_is_tracing() else "measure"
+
+    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+        """``keras.ops.cond``; a concrete ``pred`` picks its branch here, as Keras' torch
+        backend does, without the cost of building a Keras operation on every call.
+
+        While ``torch.jit.trace`` records the call, a Python branch would be recorded as
+        taken for every later input. Inside `torch_trace_guards` (how
+        `multiattn.models.torch_step` records), the branch taken is recorded and ``pred``
+        joins the guards, which the replay checks; elsewhere both branches run and each
+        output tensor is selected by ``pred`` (``torch.where``), which the contract
+        allows (the branches are pure and return tensors of the same structure and
+        shapes)."""
+        import torch
+
+        if torch.jit.is_tracing() and isinstance(pred, torch.Tensor):
+            guards = _TRACE_GUARDS.get()
+            if guards is not None:
+                taken = bool(pred)
+                guards.append((pred, taken))
+                return true_fn() if taken else false_fn()
+            return self._keras.tree.map_structure(
+                lambda a, b: torch.where(pred, a, b), true_fn(), false_fn()
+            )
+        if self.is_symbolic(pred):
+            return self._ops.cond(pred, true_fn, false_fn)
+        return true_fn() if bool(pred) else false_fn()
 
     def custom_gradient(
         self,

@@ -170,5 +170,11 @@ def matmul_bias(
     """``a (N, K) @ b (K, M) (+ bias (M,))``, differentiable; float32 CPU tensors only (the
     caller checks, see `multiattn._namespace.KerasNamespace.linear`). ``measure=False``:
     every product (forward and backward) on oneDNN; ``True``: each on the library `route`
-    measured faster for its shape class."""
-    return _MatmulBias.apply(a, b, bias, measure)
+    measured faster for its shape class. Where nothing needs a gradient (``no_grad``,
+    inference) the product runs without the autograd Function, whose per-call cost is a
+    large part of a small projection's."""
+    if torch.is_grad_enabled() and (
+        a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        return _MatmulBias.apply(a, b, bias, measure)
+    return _product(a, b, bias, measure)

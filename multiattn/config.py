@@ -57,6 +57,7 @@ __all__ = [
     "get_block_size",
     "get_fused_attention",
     "get_torch_onednn",
+    "get_torch_traced_step",
     "reload_environment",
     "set_attention_memory_budget",
     "set_torch_onednn",
@@ -188,6 +189,7 @@ def settings(
     block_size: int | tuple[int, int] | None = _UNSET,
     torch_onednn: bool | None = _UNSET,
     fused_attention: bool | None = _UNSET,
+    torch_traced_step: bool | None = _UNSET,
 ) -> Iterator[None]:
     """Scoped settings: inside the block, the given values apply to every multiattn call
     in this thread or asyncio task (``with settings(attention_memory_budget="64MiB",
@@ -209,6 +211,10 @@ def settings(
             (beyond it a streaming path is taken either way); None (the default)
             measures which is faster on the running machine, once per shape class
             (`multiattn.tuning`).
+        torch_traced_step: on Keras' torch backend, whether ``generate`` runs its
+            one-token decoding step recorded by ``torch.jit.trace`` and replayed (True,
+            the default; None means the default) or as eager Keras calls (False). Read
+            at each ``generate`` call.
 
     Values are read when a function is traced: under ``jax.jit`` and ``tf.function`` the
     values in force at tracing time are compiled in.
@@ -229,6 +235,13 @@ def settings(
                 f"{fused_attention!r}."
             )
         changes["fused_attention"] = fused_attention
+    if torch_traced_step is not _UNSET:
+        if torch_traced_step is not None and not isinstance(torch_traced_step, bool):
+            raise TypeError(
+                "settings: `torch_traced_step` expects True, False or None; received "
+                f"{torch_traced_step!r}."
+            )
+        changes["torch_traced_step"] = torch_traced_step
     token = _scoped.set({**_scoped.get(), **changes})
     try:
         yield
@@ -300,6 +313,13 @@ def get_fused_attention() -> bool | None:
     """The innermost `settings` value of ``fused_attention``: True (the fused kernel where
     the call allows it), False (the explicit softmax) or None (measured)."""
     return _scoped.get().get("fused_attention")
+
+
+def get_torch_traced_step() -> bool:
+    """The innermost `settings` value of ``torch_traced_step`` (default True): whether
+    ``generate`` replays a traced decoding step on Keras' torch backend."""
+    value = _scoped.get().get("torch_traced_step")
+    return True if value is None else value
 
 
 def get_torch_onednn() -> bool | None:

@@ -23,6 +23,7 @@ import numpy as np
 
 from .._checks import check_positive_int
 from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnlyLayer
+from ..layers._base import call_sublayer
 from .bert import assign_weight
 from .generation import GenerationMixin
 
@@ -165,7 +166,7 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
 
     def _head(self, x) -> dict:
         ops = keras.ops
-        x = self.final_norm(x)
+        x = call_sublayer(self.final_norm, x)
         # einsum, not matmul: Keras' torch matmul of float64 tensors returns float32.
         if self.tied:
             logits = ops.einsum("bse,ve->bsv", x, ops.cast(self.word, x.dtype))
@@ -212,11 +213,12 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         """One pass through the caches: ``ids`` ``(batch, t)`` at cache slots ``index ..
         index + t - 1`` with (learned) ``positions`` ``(batch, t)``; ``slots`` ``(batch,
         max_length)`` bool marks the cache slots that may be attended. Returns ``(logits
-        of the last token (batch, vocab_size), new caches)``."""
+        of the last token (batch, vocab_size), new caches)``. Called eagerly, the blocks'
+        ``call`` runs without Keras' per-call bookkeeping (`call_sublayer`)."""
         x = self._embed(ids, positions)
         new = []
         for block, cache in zip(self.blocks, caches):
-            x, cache = block(x, cache=cache, cache_index=index, key_mask=slots)
+            x, cache = call_sublayer(block, x, cache=cache, cache_index=index, key_mask=slots)
             new.append(cache)
         return self._head(x[:, -1:])["logits"][:, 0], new
 

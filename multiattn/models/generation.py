@@ -238,6 +238,16 @@ class GenerationMixin:
     def _decode(self, ids, mask, new, options, eos, pad) -> np.ndarray:
         import keras
 
+        if keras.backend.backend() == "torch":
+            import torch
+
+            with torch.no_grad():  # generation needs no gradients
+                return self._loop(ids, mask, new, options, eos, pad)
+        return self._loop(ids, mask, new, options, eos, pad)
+
+    def _loop(self, ids, mask, new, options, eos, pad) -> np.ndarray:
+        import keras
+
         logits, state, first = self._begin(ids, mask, new)
         batch = ids.shape[0]
         rng, done, out = np.random.default_rng(options["seed"]), np.zeros(batch, bool), [first]
@@ -255,7 +265,8 @@ class GenerationMixin:
 
     def _compiled_step(self):
         """The one-token step, compiled once and kept for later calls (the cache index is
-        a tensor, so every step reuses the trace).
+        a tensor, so every step reuses the trace): ``jax.jit``, ``tf.function``, or on
+        torch a ``torch.jit.trace`` recording (`multiattn.models.torch_step`).
 
         ``tf.function`` reads the weights as variables. Under ``jax.jit`` they are
         arguments of the compiled step (read through ``keras.StatelessScope``), not
@@ -263,14 +274,25 @@ class GenerationMixin:
         ``set_weights``)."""
         import keras
 
+        from .. import config
+
         backend = keras.backend.backend()
-        if backend not in ("jax", "tensorflow"):
+        makers = {"jax": self._jax_step, "tensorflow": self._tf_step, "torch": self._torch_step}
+        if backend not in makers or (backend == "torch" and not config.get_torch_traced_step()):
             return self.step
         kept = self.__dict__.get("_multiattn_step")
         if kept is None:
-            kept = self._jax_step() if backend == "jax" else self._tf_step()
+            kept = makers[backend]()
             self.__dict__["_multiattn_step"] = kept
         return kept
+
+    def _torch_step(self):
+        """`step` recorded by ``torch.jit.trace`` once per set of input shapes and
+        dtypes, and replayed (`multiattn.models.torch_step.TracedStep`); eager `step`
+        under ``config.settings(torch_traced_step=False)``."""
+        from .torch_step import TracedStep
+
+        return TracedStep(self.step, list(self.variables))
 
     def _tf_step(self):
         """``tf.function`` of `step`, traced once per set of shapes: the cache length

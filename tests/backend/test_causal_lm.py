@@ -288,6 +288,88 @@ def test_compiled_step_is_kept_and_follows_new_weights(tmp_path):
     assert not np.array_equal(again, first)
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="the traced step is torch's")
+@pytest.mark.parametrize("case", ["gpt2", "llama3", "mistral"])
+def test_torch_traced_step_matches_the_eager_step(tmp_path, case):
+    """generate on torch replays a recorded step (one recording per shape, kept across
+    calls); it gives the eager step's tokens, and settings(torch_traced_step=False) runs
+    the eager step."""
+    from multiattn import config
+    from multiattn.models.torch_step import TracedStep
+
+    _build(case, tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids, mask = _batch()
+    args = {"attention_mask": mask, "max_new_tokens": 12, "do_sample": True, "seed": 4}
+    traced = model.generate(ids, **args)
+    model.generate(ids, **args)
+    step = model.layer._compiled_step()
+    assert isinstance(step, TracedStep) and len(step._recordings) == 1
+    assert all(r is not None and r[2] for r in step._recordings.values())  # guarded
+    with config.settings(torch_traced_step=False):
+        assert model.layer._compiled_step() == model.layer.step
+        eager = model.generate(ids, **args)
+    np.testing.assert_array_equal(traced, eager)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the traced step is torch's")
+def test_torch_traced_step_guards_the_branch_it_recorded(tmp_path):
+    """A replay whose inputs take another branch (a NaN in a masked cache slot: the
+    attention's exact path for non-finite inputs) runs the step eagerly: the masked NaN
+    has no effect, as in the eager step."""
+    from multiattn.models.torch_step import TracedStep
+
+    _build("llama", tmp_path / "m")
+    layer = from_pretrained(tmp_path / "m").layer
+    ids, mask = _batch()
+    batch, seq = ids.shape
+    slots = torch.tensor(np.concatenate([mask, np.ones((batch, 4), np.int64)], 1) > 0)
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    with torch.no_grad():
+        _, caches = layer.step(ids, positions, layer.init_caches(batch, seq + 4), 0, slots)
+        step = TracedStep(layer.step, list(layer.variables))
+        token = np.array([[5], [7]], np.int32)
+        where = (mask.sum(1)[:, None]).astype(np.int32)
+        args = (token, where, caches, np.asarray(seq, np.int32), slots)
+        clean = step(*args)[0]
+        assert rel_err(to_np(clean), to_np(layer.step(*args)[0])) < 1e-5
+        poisoned = [(k.clone(), v.clone()) for k, v in caches]
+        poisoned[0][0][1, 0] = float("nan")  # row 1 starts with padding: slot 0 masked
+        args = (token, where, poisoned, np.asarray(seq, np.int32), slots)
+        want = to_np(layer.step(*args)[0])
+        got = to_np(step(*args)[0])
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the traced step is torch's")
+def test_torch_step_that_cannot_be_recorded_runs_eagerly(tmp_path, monkeypatch):
+    from multiattn.models.torch_step import TracedStep
+
+    _build("gpt2", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids, mask = _batch()
+    want = model.generate(ids, attention_mask=mask, max_new_tokens=5)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("cannot record")
+
+    monkeypatch.setattr(torch.jit, "trace", refuse)
+    model.layer.__dict__.pop("_multiattn_step", None)
+    with pytest.warns(RuntimeWarning, match="cannot record"):
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=5)
+    np.testing.assert_array_equal(got, want)
+    assert isinstance(model.layer._compiled_step(), TracedStep)
+
+
+def test_traced_step_setting_takes_a_bool():
+    from multiattn import config
+
+    with pytest.raises(TypeError, match="torch_traced_step"):
+        with config.settings(torch_traced_step="yes"):
+            pass
+
+
 def _decode_args(ids, mask, new):
     options = {"do_sample": False, "temperature": 1.0, "top_k": None, "top_p": None,
                "seed": None}  # fmt: skip

@@ -1,0 +1,135 @@
+"""The decoding step on PyTorch, recorded once and replayed (internal).
+
+An eager decoding step of a small model spends most of its time in Python (Keras'
+dispatch, the layers' checks), not in its tensor operations. `TracedStep` records the
+operations of one step with ``torch.jit.trace``, once per set of input shapes and dtypes,
+and replays the recording for every later step of that shape: the tensor work alone.
+``generate`` uses it on Keras' torch backend (`GenerationMixin._compiled_step`);
+``multiattn.config.settings(torch_traced_step=False)`` keeps the eager step.
+
+What makes a recording replay correctly for other inputs:
+
+* every tensor argument (token ids, positions, caches, the cache index, masks) is an
+  input of the recording; NumPy arrays and NumPy scalars are turned into tensors first,
+  so the cache index is recorded as a tensor, not as a number;
+* while it records, the torch namespace treats every tensor as symbolic
+  (`multiattn._namespace` ``is_symbolic``), as under ``jax.jit``: the cache index is a
+  traced position (a masked attention over every cache slot and a select that writes the
+  new keys and values) rather than a value read once, and ``cond`` runs both branches and
+  selects between their results instead of recording the branch taken;
+* where the step branches on a tensor's value (``cond``: the attention's test for
+  non-finite inputs), the recording keeps the branch taken and returns the predicate
+  as a guard; a replay whose guards take another branch is thrown away and that step
+  runs eagerly (`multiattn._namespace.torch_trace_guards`);
+* the weights are inputs too, read through ``keras.StatelessScope`` as under ``jax.jit``,
+  so a kept recording follows weights changed later (training, ``set_weights``);
+* arguments that are not arrays (None, Python numbers) are part of the key that selects a
+  recording, with the shapes and dtypes of the tensors.
+
+It runs under ``torch.no_grad()``: generation needs no gradients. A step that cannot be
+recorded runs eagerly, with a ``RuntimeWarning`` that says why.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["TracedStep"]
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """The place of the ``index``-th tensor in an argument or result structure."""
+
+    index: int
+
+
+def _split(x: Any, tensors: list, torch: Any) -> Any:
+    """``x`` with each array replaced by a `_Slot` and appended to ``tensors`` (as a
+    torch tensor); lists and tuples are walked, anything else is kept as it is."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(_split(v, tensors, torch) for v in x)
+    if isinstance(x, torch.Tensor):
+        tensors.append(x)
+    elif isinstance(x, (np.ndarray, np.generic)):
+        tensors.append(torch.from_numpy(np.asarray(x)))
+    else:
+        return x
+    return _Slot(len(tensors) - 1)
+
+
+def _fill(skeleton: Any, tensors: Any) -> Any:
+    """The inverse of `_split`."""
+    if isinstance(skeleton, (list, tuple)):
+        return type(skeleton)(_fill(v, tensors) for v in skeleton)
+    return tensors[skeleton.index] if isinstance(skeleton, _Slot) else skeleton
+
+
+class TracedStep:
+    """``step(*args)`` replayed from ``torch.jit.trace`` recordings (see the module
+    docstring); ``variables`` are the Keras variables ``step`` reads."""
+
+    def __init__(self, step: Callable[..., Any], variables: list) -> None:
+        self._step = step
+        self._variables = variables
+        #: key -> (recording, result skeleton, the branches its guards took), or None
+        #: where recording failed
+        self._recordings: dict[Any, tuple[Any, Any, tuple] | None] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        import torch
+
+        tensors: list = []
+        skeleton = _split(args, tensors, torch)
+        key = (repr(skeleton), tuple((tuple(t.shape), t.dtype) for t in tensors))
+        with torch.no_grad():
+            if key not in self._recordings:
+                self._recordings[key] = self._record(skeleton, tensors)
+            recording = self._recordings[key]
+            if recording is None:
+                return self._step(*args)
+            traced, result, taken = recording
+            out = traced([v.value for v in self._variables], tensors)
+            guards, out = out[: len(taken)], out[len(taken) :]
+            if any(bool(g) != t for g, t in zip(guards, taken)):
+                return self._step(*args)
+            return _fill(result, out)
+
+    def _record(self, skeleton: Any, tensors: list) -> tuple[Any, Any, tuple] | None:
+        import keras
+        import torch
+
+        from .._namespace import torch_trace_guards
+
+        variables, result, taken = self._variables, [], []
+
+        def pure(values: list, flat: list) -> tuple:
+            with torch_trace_guards() as guards:
+                with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                    out = self._step(*_fill(skeleton, flat))
+            leaves: list = []
+            result.append(_split(out, leaves, torch))
+            taken[:] = [t for _, t in guards]
+            return (*(g for g, _ in guards), *leaves)
+
+        values = [v.value for v in variables]
+        try:
+            with warnings.catch_warnings():
+                # The tracer's notes on shapes read as Python numbers (static here) and
+                # the deprecation notice of torch.jit.trace.
+                warnings.simplefilter("ignore")
+                traced = torch.jit.trace(pure, (values, tensors), check_trace=False, strict=False)
+        except Exception as err:  # any failure: this shape runs eagerly
+            warnings.warn(
+                f"generate: the decoding step could not be recorded with torch.jit.trace "
+                f"({type(err).__name__}: {err}); it runs eagerly for these shapes.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return None
+        return traced, result[0], tuple(taken)
