@@ -16,6 +16,12 @@ Environment:
     MULTIATTN_TEST_BACKENDS: comma-separated subset of the worker names
         (jax, torch, tensorflow, numpy, paddle).
     MULTIATTN_TEST_JOBS: how many workers run at once (default 2).
+    MULTIATTN_TEST_WORKER_TIMEOUT: seconds a worker may run before it is stopped and
+        reported as failed with the end of its output (default 2700).
+
+A worker whose whole directory runs (no narrower path given) may be split into several
+processes that each run a share of its test files (`SHARDS`): the longest backend then
+no longer holds up a two-core run alone. Every share's results carry the backend's name.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ WORKERS: dict[str, tuple[Path, dict[str, str | None]]] = {
     "paddle": (PADDLE_DIR, {"KERAS_BACKEND": None}),
 }
 BACKENDS = tuple(WORKERS)
+#: worker name -> processes its whole directory is split into (test files dealt by size)
+SHARDS = {"jax": 2}
+WORKER_TIMEOUT = float(os.environ.get("MULTIATTN_TEST_WORKER_TIMEOUT", "2700"))
 WORKER_DIRS = {d for d, _ in WORKERS.values()}
 
 
@@ -127,8 +136,24 @@ class ReplayItem(pytest.Item):
         return self.path, None, self.nodeid
 
 
+def _shares(backend: str, paths: list[str]) -> list[list[str]]:
+    """``paths`` as one job, or, for a worker of `SHARDS` asked for its whole directory,
+    its test files dealt into that many jobs (largest first, each to the lightest)."""
+    directory = WORKERS[backend][0]
+    count = SHARDS.get(backend, 1)
+    if count < 2 or paths != [str(directory)]:
+        return [paths]
+    files = sorted(directory.glob("test_*.py"), key=lambda f: (-f.stat().st_size, f.name))
+    bins: list[tuple[int, list[str]]] = [(0, []) for _ in range(count)]
+    for f in files:
+        size, names = min(bins, key=lambda b: b[0])
+        bins.remove((size, names))
+        bins.append((size + f.stat().st_size, [*names, str(f)]))
+    return [sorted(names) for _, names in bins if names]
+
+
 def _run_worker(
-    backend: str, paths: list[str], extra: list[str]
+    backend: str, paths: list[str], extra: list[str], part: str = ""
 ) -> tuple[str, list[dict], str, float]:
     directory, overrides = WORKERS[backend]
     env = dict(os.environ)
@@ -144,7 +169,16 @@ def _run_worker(
         env["MULTIATTN_TEST_REPORT"] = str(report)
         cmd = [sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", *extra]
         start = time.monotonic()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(
+                cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT
+            )
+        except subprocess.TimeoutExpired as err:
+            out = (err.stdout or b"") + (err.stderr or b"")
+            proc = subprocess.CompletedProcess(
+                cmd, returncode=-1, stdout=out.decode(errors="replace"),
+                stderr=f"\nstopped after {WORKER_TIMEOUT:g} s (MULTIATTN_TEST_WORKER_TIMEOUT)",
+            )  # fmt: skip
         elapsed = time.monotonic() - start
         records = []
         if report.exists():
@@ -157,7 +191,7 @@ def _run_worker(
     if proc.returncode not in (0, 1, 5) or (not records and proc.returncode != 5):
         records.append(
             {
-                "nodeid": f"{directory.relative_to(ROOT)}::worker[{backend}]",
+                "nodeid": f"{directory.relative_to(ROOT)}::worker[{backend}{part}]",
                 "outcome": "failed",
                 "backend": backend,
                 "longrepr": f"backend worker exited with code {proc.returncode}\n{log[-6000:]}",
@@ -180,20 +214,25 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         if value:
             extra += ["-k" if opt == "keyword" else "-m", value]
     backends = list(wanted)
+    runs = []  # (backend, paths, part label), the sharded (longest) backends first
+    for b in sorted(backends, key=lambda b: -SHARDS.get(b, 1)):
+        shares = _shares(b, wanted[b])
+        runs += [(b, p, f" {i + 1}/{len(shares)}" if len(shares) > 1 else "")
+                 for i, p in enumerate(shares)]  # fmt: skip
     jobs = max(1, int(os.environ.get("MULTIATTN_TEST_JOBS", "2")))
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    results = {}
+    results: dict[str, list] = {b: [] for b in backends}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_run_worker, b, wanted[b], extra) for b in backends]
-        for fut in futures:
+        futures = [pool.submit(_run_worker, b, p, extra, part) for b, p, part in runs]
+        for fut, (_, _, part) in zip(futures, runs):
             backend, records, _log, elapsed = fut.result()
-            results[backend] = records
+            results[backend] += records
             if reporter is not None:
                 counts = {}
                 for rec in records:
                     counts[rec["outcome"]] = counts.get(rec["outcome"], 0) + 1
                 summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-                reporter.write_line(f"backend {backend}: {summary} in {elapsed:.0f}s")
+                reporter.write_line(f"backend {backend}{part}: {summary} in {elapsed:.0f}s")
     for backend in backends:
         for rec in results[backend]:
             name = rec["nodeid"].split("::", 1)[-1]

@@ -6,14 +6,15 @@ folder: a GPT-2-shaped one (learned positions, LayerNorm, GELU) and a Llama-shap
 (RMSNorm, SwiGLU, rotary positions, grouped-query attention with 2 key/value heads for 8
 query heads); both hidden 256, 4 layers. Each framework runs in a process of its own
 (``python -m multiattn.bench.decode --worker``): it loads the folders with
-`multiattn.models.from_pretrained` and times ``model.generate`` (greedy) for every prompt
+`multiattn.models.from_pretrained` (on Paddle, ``framework="paddle"``) and times ``model.generate`` (greedy) for every prompt
 length and batch; the torch process also times transformers' ``generate`` on the same
 inputs, in the same process, repeat by repeat beside multiattn's.
 
 Per case: **prefill ms** is the median time of ``generate(max_new_tokens=1)`` (the prompt
 through the cache, and one token); **tokens/s** is ``batch * (new_tokens - 1)`` over the
 median time of ``generate(max_new_tokens=new_tokens)`` minus the prefill, the rate of the
-steps after the prompt. Timing runs each case once untimed first (compilation on jax
+steps after the prompt (None, printed ``noise``, where that difference is not positive:
+too few repeats on a busy machine). Timing runs each case once untimed first (compilation on jax
 and tensorflow).
 """
 
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-FRAMEWORKS = ("jax", "torch", "tensorflow")
+FRAMEWORKS = ("jax", "torch", "tensorflow", "paddle")
 MODELS = ("gpt2", "llama")
 HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 4, 8, 2, 1000
 
@@ -77,7 +78,10 @@ def _inputs(prompt: int, batch: int, seed: int) -> np.ndarray:
 
 
 def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
-    """Time multiattn's ``generate`` (and, on torch, transformers') for every case."""
+    """Time multiattn's ``generate`` (and, on torch, transformers') for every case; on
+    Paddle the models are the Paddle twins (``framework="paddle"``)."""
+    if framework == "paddle":
+        import multiattn.paddle  # noqa: F401 - Paddle before anything loads TensorFlow
     import keras
 
     from multiattn.models import from_pretrained
@@ -89,7 +93,9 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
     new = cfg["new_tokens"]
     rows = []
     for name, prompt, batch in _cases(cfg):
-        model = from_pretrained(folders[name])
+        model = from_pretrained(
+            folders[name], framework="paddle" if framework == "paddle" else None
+        )
         ids = _inputs(prompt, batch, cfg["seed"])
 
         def ours(n: int, model=model, ids=ids) -> Any:
@@ -104,14 +110,15 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
         for impl, fn in runs.items():
             prefill = _median_ms(lambda fn=fn: fn(1), cfg["repeats"])
             total = _median_ms(lambda fn=fn: fn(new), cfg["repeats"])
-            steps = max(total - prefill, 1e-6)
+            steps = total - prefill  # not positive: noise swamped the steps (None)
             rows.append({
                 "model": name, "prompt": prompt, "batch": batch, "implementation": impl,
                 "prefill_ms": prefill, "total_ms": total,
-                "tokens_per_s": batch * (new - 1) / (steps / 1e3),
+                "tokens_per_s": batch * (new - 1) / (steps / 1e3) if steps > 0 else None,
             })  # fmt: skip
         del model
-    return {"backend": keras.backend.backend(), "rows": rows}
+    return {"backend": "paddle" if framework == "paddle" else keras.backend.backend(),
+            "rows": rows}  # fmt: skip
 
 
 def _transformers_runner(folder: str, ids: np.ndarray):
@@ -144,7 +151,10 @@ def run_decode(cfg: dict, on_line) -> dict:
 
 def _run_worker(framework: str, cfg: dict, folders: dict, tmp: Path) -> dict:
     result_path = tmp / f"{framework}.json"
-    env = dict(os.environ, KERAS_BACKEND=framework, TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("KERAS_BACKEND", None)
+    if framework != "paddle":
+        env["KERAS_BACKEND"] = framework
     cmd = [sys.executable, "-m", "multiattn.bench.decode", "--worker", framework,
            "--config", json.dumps(cfg), "--folders", json.dumps(folders),
            "--out", str(result_path)]  # fmt: skip
@@ -172,11 +182,11 @@ def print_decode(section: dict, console: Any) -> None:
     hf = {(r["model"], r["prompt"], r["batch"]): r["tokens_per_s"] for r in section["rows"]
           if r["implementation"] == "transformers"}  # fmt: skip
     for r in sorted(section["rows"], key=lambda r: (r["model"], r["prompt"], r["batch"])):
-        base = hf.get((r["model"], r["prompt"], r["batch"]))
+        base, rate = hf.get((r["model"], r["prompt"], r["batch"])), r["tokens_per_s"]
         table.add_row(
             r["model"], str(r["prompt"]), str(r["batch"]), r["framework"], r["implementation"],
-            f"{r['prefill_ms']:.1f}", f"{r['tokens_per_s']:.0f}",
-            f"{r['tokens_per_s'] / base:.2f}" if base else "",
+            f"{r['prefill_ms']:.1f}", "noise" if rate is None else f"{rate:.0f}",
+            f"{rate / base:.2f}" if base and rate is not None else "",
         )  # fmt: skip
     console.print(table)
     for fw, info in section["frameworks"].items():
@@ -198,8 +208,8 @@ def write_decode_plot(section: dict, path: Path) -> None:
     width = 0.8 / max(1, len(impls))
     for i, (fw, impl) in enumerate(impls):
         values = [
-            next((r["tokens_per_s"] for r in rows if (r["model"], r["prompt"], r["batch"]) == c
-                  and (r["framework"], r["implementation"]) == (fw, impl)), 0.0)
+            next((r["tokens_per_s"] or 0.0 for r in rows if (r["model"], r["prompt"],
+                  r["batch"]) == c and (r["framework"], r["implementation"]) == (fw, impl)), 0.0)
             for c in cases
         ]  # fmt: skip
         label = impl if impl == "transformers" else f"multiattn ({fw})"
