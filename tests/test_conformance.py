@@ -108,6 +108,7 @@ def test_every_target_passes_every_case(full_run):
         "keras-tensorflow",
         "keras-numpy",
         "paddle",
+        "paddle-layers",
         "adapter-torch",
         "adapter-tensorflow",
         "adapter-paddle",
