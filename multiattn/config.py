@@ -226,22 +226,14 @@ def settings(
         )
     if block_size is not _UNSET:
         changes["block_size"] = None if block_size is None else _block_pair(block_size)
-    if torch_onednn is not _UNSET:
-        changes["torch_onednn"] = _check_onednn("settings", torch_onednn)
-    if fused_attention is not _UNSET:
-        if fused_attention is not None and not isinstance(fused_attention, bool):
-            raise TypeError(
-                "settings: `fused_attention` expects True, False or None; received "
-                f"{fused_attention!r}."
-            )
-        changes["fused_attention"] = fused_attention
-    if torch_traced_step is not _UNSET:
-        if torch_traced_step is not None and not isinstance(torch_traced_step, bool):
-            raise TypeError(
-                "settings: `torch_traced_step` expects True, False or None; received "
-                f"{torch_traced_step!r}."
-            )
-        changes["torch_traced_step"] = torch_traced_step
+    flags = {
+        "torch_onednn": torch_onednn,
+        "fused_attention": fused_attention,
+        "torch_traced_step": torch_traced_step,
+    }
+    for name, value in flags.items():
+        if value is not _UNSET:
+            changes[name] = _check_flag("settings", name, value)
     token = _scoped.set({**_scoped.get(), **changes})
     try:
         yield
@@ -262,12 +254,10 @@ def _block_pair(block_size: Any) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def _check_onednn(where: str, enabled: Any) -> bool | None:
-    if enabled is not None and not isinstance(enabled, bool):
-        raise TypeError(
-            f"{where}: `torch_onednn` expects True, False or None; received {enabled!r}."
-        )
-    return enabled
+def _check_flag(where: str, name: str, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{where}: `{name}` expects True, False or None; received {value!r}.")
+    return value
 
 
 @contextmanager
