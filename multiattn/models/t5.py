@@ -167,9 +167,11 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
     (`T5Block`, named ``encoder_<i>`` / ``decoder_<i>``), ``encoder_norm`` and ``decoder_norm``.
 
     Args:
-        vocab_size, hidden_size (``d_model``), num_layers, num_decoder_layers (default
-            ``num_layers``), num_heads, head_dim (``d_kv``), intermediate_size
-            (``d_ff``): sizes.
+        vocab_size, hidden_size: the vocabulary and the width (``d_model``).
+        num_layers, num_decoder_layers: encoder and decoder blocks (the second defaults
+            to ``num_layers``).
+        num_heads, head_dim, intermediate_size: the heads, their width (``d_kv``) and the
+            feed-forward width (``d_ff``).
         num_buckets, max_distance: ``relative_attention_num_buckets`` and
             ``relative_attention_max_distance``.
         epsilon: of every norm. activation, gated: the feed-forward network
