@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import inspect
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -281,87 +280,6 @@ class _NumpyNamespace(KerasNamespace):
         return self._ops.einsum(subscripts, *operands)
 
 
-#: Operations whose ``keras.ops`` function only dispatches: when no argument holds a Keras
-#: symbolic tensor it calls the backend's function of the same name with the same
-#: arguments (checked against Keras 3.15's ``keras/src/ops``). A namespace that sets
-#: ``_direct_dispatch`` calls that backend function itself for concrete arguments, which
-#: gives the same result without ``keras.ops``' per-call search of the arguments for
-#: symbolic tensors (a pytree walk of every argument; most of an eager decoding step's
-#: cost on small models). ``where``: both of ``x1``, ``x2`` given (Keras validates that).
-_DISPATCH_ONLY = (
-    "any", "broadcast_to", "concatenate", "equal", "exp", "expand_dims", "greater_equal",
-    "less", "less_equal", "logical_and", "logical_not", "logical_or", "max", "moveaxis",
-    "multiply", "not_equal", "square", "sum", "take", "tanh", "transpose", "where",
-)  # fmt: skip
-#: The same for operations whose ``keras.ops`` function standardises ``dtype`` first.
-_DISPATCH_WITH_DTYPE = {"cast": "core", "zeros_like": "numpy", "arange": "numpy"}
-
-
-_SYMBOLIC: list[type] = []  # [keras.KerasTensor], set by the first `_DirectDispatch`
-
-
-def _concrete(items: Any) -> bool:
-    """True when no item (nor an item of a list or tuple item) is a Keras symbolic
-    tensor: what ``keras.ops`` checks before it calls the backend."""
-    symbolic = _SYMBOLIC[0]
-    for x in items:
-        if isinstance(x, symbolic):
-            return False
-        if isinstance(x, (list, tuple)) and not _concrete(x):
-            return False
-    return True
-
-
-def _direct(name: str) -> Callable[..., Any]:
-    """The method ``name`` that calls the backend function directly (see
-    `_DISPATCH_ONLY`) for concrete arguments and falls back to ``keras.ops``."""
-    base = getattr(KerasNamespace, name)
-
-    def op(self: KerasNamespace, *args: Any, **kwargs: Any) -> Any:
-        if name == "where" and (len(args) + len(kwargs) != 3):
-            return base(self, *args, **kwargs)
-        if _concrete(args) and _concrete(kwargs.values()):
-            return getattr(self._backend.numpy, name)(*args, **kwargs)
-        return base(self, *args, **kwargs)
-
-    return functools.wraps(base)(op)
-
-
-def _direct_with_dtype(name: str, module: str) -> Callable[..., Any]:
-    """As `_direct`, for ``cast``, ``zeros_like`` and ``arange`` (``dtype`` standardised
-    first, as ``keras.ops`` does)."""
-    base = getattr(KerasNamespace, name)
-    params = list(inspect.signature(base).parameters)[1:]
-
-    def op(self: KerasNamespace, *args: Any, **kwargs: Any) -> Any:
-        bound = dict(zip(params, args), **kwargs)
-        if not (_concrete(bound.values())):
-            return base(self, *args, **kwargs)
-        if bound.get("dtype") is not None:
-            bound["dtype"] = self._keras.backend.standardize_dtype(bound["dtype"])
-        fn = getattr(getattr(self._backend, module), name)
-        if name == "cast":
-            return fn(bound["x"], bound["dtype"])
-        return fn(**bound)
-
-    return functools.wraps(base)(op)
-
-
-class _DirectDispatch:
-    """Mixin of a Keras namespace whose hot operations skip ``keras.ops``' dispatch for
-    concrete arguments (see `_DISPATCH_ONLY`); the results are those of ``keras.ops``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        import keras
-
-        self._backend = keras.src.backend
-        _SYMBOLIC[:] = [keras.KerasTensor]
-
-    locals().update({n: _direct(n) for n in _DISPATCH_ONLY})
-    locals().update({n: _direct_with_dtype(n, m) for n, m in _DISPATCH_WITH_DTYPE.items()})
-
-
 #: The guards of the recording under way (see `torch_trace_guards`), or None.
 _TRACE_GUARDS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "multiattn_torch_trace_guards", default=None
@@ -382,10 +300,9 @@ def torch_trace_guards() -> Iterator[list]:
         _TRACE_GUARDS.reset(token)
 
 
-class _TorchNamespace(_DirectDispatch, KerasNamespace):
+class _TorchNamespace(KerasNamespace):
     """Keras' torch backend: float64 einsum, the dense projections on oneDNN or BLAS,
-    PyTorch's SDPA called directly, ``custom_gradient`` as an autograd Function, and the
-    hot operations without ``keras.ops``' dispatch for concrete tensors."""
+    PyTorch's SDPA called directly, and ``custom_gradient`` as an autograd Function."""
 
     fused_attention_streams = True
 
