@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
 import numpy as np
+from keras import layers as _keras_layers  # Keras' own, also in the Paddle twins
 
 __all__ = ["GenerationMixin", "choose_tokens"]
 
@@ -64,7 +66,6 @@ def _sampling(do_sample, temperature, top_k, top_p, seed) -> dict:
 def prompt_arrays(input_ids: Any, attention_mask: Any, vocab: int) -> tuple:
     """``input_ids`` as int64 ``(batch, seq)`` token ids in ``[0, vocab)`` and its mask
     as int64 0/1 (all ones when None), any padding pattern; errors name the argument."""
-    import keras
 
     ids = np.asarray(keras.ops.convert_to_numpy(input_ids))
     if ids.ndim != 2 or ids.dtype.kind not in "iu" or ids.shape[1] == 0:
@@ -215,7 +216,6 @@ class GenerationMixin:
         """The prefill: ``(logits of the last position (batch, vocab), state, first)``,
         ``state`` what `_advance` needs, ``first`` the output's first columns (the
         prompt)."""
-        import keras
 
         batch, seq = ids.shape
         caches = self.init_caches(batch, seq + new)
@@ -235,10 +235,15 @@ class GenerationMixin:
                                        state["caches"], index, state["slots"])  # fmt: skip
         return logits
 
-    def _decode(self, ids, mask, new, options, eos, pad) -> np.ndarray:
-        import keras
+    def _backend(self) -> str | None:
+        """The Keras backend this model computes on, or None for a model that is not a
+        Keras layer (a Paddle twin, which computes on Paddle whatever Keras runs on: its
+        ``keras`` global is `multiattn.paddle._holder.keras_on_paddle`, whose ``ops`` are
+        Paddle's, so the conversions in this module give Paddle tensors there)."""
+        return keras.backend.backend() if isinstance(self, _keras_layers.Layer) else None
 
-        if keras.backend.backend() == "torch":
+    def _decode(self, ids, mask, new, options, eos, pad) -> np.ndarray:
+        if self._backend() == "torch":
             import torch
 
             with torch.no_grad():  # generation needs no gradients
@@ -246,7 +251,6 @@ class GenerationMixin:
         return self._loop(ids, mask, new, options, eos, pad)
 
     def _loop(self, ids, mask, new, options, eos, pad) -> np.ndarray:
-        import keras
 
         logits, state, first = self._begin(ids, mask, new)
         batch = ids.shape[0]
@@ -272,11 +276,10 @@ class GenerationMixin:
         arguments of the compiled step (read through ``keras.StatelessScope``), not
         constants of its trace, so the kept step follows weights changed later (training,
         ``set_weights``)."""
-        import keras
 
         from .. import config
 
-        backend = keras.backend.backend()
+        backend = self._backend()
         makers = {"jax": self._jax_step, "tensorflow": self._tf_step, "torch": self._torch_step}
         if backend not in makers or (backend == "torch" and not config.get_torch_traced_step()):
             return self.step
@@ -304,7 +307,6 @@ class GenerationMixin:
 
     def _jax_step(self):
         import jax
-        import keras
 
         variables = list(self.variables)
 

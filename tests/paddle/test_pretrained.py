@@ -124,3 +124,37 @@ def test_t5_logits_and_greedy_tokens_match_transformers(tmp_path):
     assert rel_err(out["logits"].numpy(), want.logits.numpy()) <= 1e-5
     got = model.generate(ids, attention_mask=mask, max_new_tokens=10)
     np.testing.assert_array_equal(got, tokens)
+
+
+_GENERATE_IN_A_PROCESS = """
+import json, sys
+import multiattn.paddle  # paddle first
+import numpy as np
+from multiattn.models import from_pretrained
+ids, mask = (np.array(a) for a in json.loads(sys.argv[2]))
+model = from_pretrained(sys.argv[1], framework="paddle")
+print(json.dumps(model.generate(ids, attention_mask=mask, max_new_tokens=6).tolist()))
+"""
+
+
+@pytest.mark.parametrize("keras_backend", ["torch", "jax"])
+def test_paddle_generate_whatever_keras_backend_is_chosen(tmp_path, keras_backend):
+    """A Paddle model generates on Paddle also in a process whose Keras runs on another
+    backend (the prompt and cache masks were made as that backend's tensors)."""
+    import json
+    import subprocess
+    import sys
+
+    _build(CAUSAL["llama3"], tmp_path / "m")
+    ids, mask = _batch()
+    want = from_pretrained(tmp_path / "m", framework="paddle").generate(
+        ids, attention_mask=mask, max_new_tokens=6
+    )
+    env = {**os.environ, "KERAS_BACKEND": keras_backend}
+    proc = subprocess.run(
+        [sys.executable, "-c", _GENERATE_IN_A_PROCESS, str(tmp_path / "m"),
+         json.dumps([ids.tolist(), mask.tolist()])],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_array_equal(np.array(json.loads(proc.stdout.splitlines()[-1])), want)
