@@ -6,16 +6,16 @@ folder: a GPT-2-shaped one (learned positions, LayerNorm, GELU) and a Llama-shap
 (RMSNorm, SwiGLU, rotary positions, grouped-query attention with 2 key/value heads for 8
 query heads); both hidden 256, 4 layers. Each framework runs in a process of its own
 (``python -m multiattn.bench.decode --worker``): it loads the folders with
-`multiattn.models.from_pretrained` (on Paddle, ``framework="paddle"``) and times ``model.generate`` (greedy) for every prompt
-length and batch; the torch process also times transformers' ``generate`` on the same
+`multiattn.models.from_pretrained` (on Paddle, ``framework="paddle"``) and times
+``model.generate`` (greedy) for every prompt length and batch; the torch process also times transformers' ``generate`` on the same
 inputs, in the same process, repeat by repeat beside multiattn's.
 
 Per case: **prefill ms** is the median time of ``generate(max_new_tokens=1)`` (the prompt
 through the cache, and one token); **tokens/s** is ``batch * (new_tokens - 1)`` over the
 median time of ``generate(max_new_tokens=new_tokens)`` minus the prefill, the rate of the
 steps after the prompt (None, printed ``noise``, where that difference is not positive:
-too few repeats on a busy machine). Timing runs each case once untimed first (compilation on jax
-and tensorflow).
+too few repeats on a busy machine). Timing runs each case once untimed first (compilation
+on jax and tensorflow, the recording of the step on torch).
 """
 
 from __future__ import annotations

@@ -66,7 +66,6 @@ def _sampling(do_sample, temperature, top_k, top_p, seed) -> dict:
 def prompt_arrays(input_ids: Any, attention_mask: Any, vocab: int) -> tuple:
     """``input_ids`` as int64 ``(batch, seq)`` token ids in ``[0, vocab)`` and its mask
     as int64 0/1 (all ones when None), any padding pattern; errors name the argument."""
-
     ids = np.asarray(keras.ops.convert_to_numpy(input_ids))
     if ids.ndim != 2 or ids.dtype.kind not in "iu" or ids.shape[1] == 0:
         raise ValueError(
@@ -216,7 +215,6 @@ class GenerationMixin:
         """The prefill: ``(logits of the last position (batch, vocab), state, first)``,
         ``state`` what `_advance` needs, ``first`` the output's first columns (the
         prompt)."""
-
         batch, seq = ids.shape
         caches = self.init_caches(batch, seq + new)
         slots = keras.ops.convert_to_tensor(
@@ -276,7 +274,6 @@ class GenerationMixin:
         arguments of the compiled step (read through ``keras.StatelessScope``), not
         constants of its trace, so the kept step follows weights changed later (training,
         ``set_weights``)."""
-
         from .. import config
 
         backend = self._backend()
