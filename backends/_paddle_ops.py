@@ -203,6 +203,8 @@ class PaddleNamespace(Namespace):
     #: its row's maximum (a masked score) gets a weight of about ``1.6e-28 / sum`` instead
     #: of 0. The core then zeroes masked weights by a select (`multiattn.ops.masking`).
     softmax_exact_zeros = False
+    #: `write_cache` assigns into the cache tensor (dygraph).
+    writes_in_place = True
 
     # --- conversion and dtypes -----------------------------------------------------------
 
@@ -379,6 +381,13 @@ class PaddleNamespace(Namespace):
     def broadcast_to(self, x: Any, shape: Sequence[int]) -> paddle.Tensor:
         """``x`` broadcast to ``shape``."""
         return paddle.broadcast_to(self._t(x), [int(d) for d in shape])
+
+    def write_cache(self, cache: Any, new: Any, index: Any) -> paddle.Tensor:
+        """``new`` assigned into ``cache[:, index : index + t]`` (in place) and ``cache``
+        returned; ``index`` a Python int or a 0-d integer tensor."""
+        start = int(index)
+        cache[:, start : start + int(new.shape[1])] = self._t(new)
+        return cache
 
     def slice(
         self, inputs: Any, start_indices: Sequence[Any], shape: Sequence[Any]

@@ -55,6 +55,10 @@ class Namespace(Protocol):
     #: `softmax` gives exactly 0 to a score ``3.4e38`` below its row's maximum. False: the
     #: core zeroes masked weights with a second `where` (`multiattn.ops.masking`).
     softmax_exact_zeros: bool = False
+    #: `write_cache` is implemented: inside `multiattn._namespace.owned_caches` the core
+    #: writes new keys and values into a KV cache with it, at a cost that follows the
+    #: tokens written. False: every write makes a new cache (a copy of the whole cache).
+    writes_in_place: bool = False
 
     # --- conversion, dtypes and shapes ----------------------------------------------------
 
@@ -288,6 +292,21 @@ class Namespace(Protocol):
             "(has_fused_attention is False); the core takes its explicit path."
         )
 
+    def write_cache(self, cache: Any, new: Any, index: Any) -> Any:
+        """``cache`` ``(B, L, ...)`` with ``new`` ``(B, t, ...)`` (same dtype, same
+        trailing shape) at positions ``index .. index + t - 1`` of axis 1, written into
+        ``cache`` itself where the framework can (PyTorch, NumPy, Paddle: an in-place
+        update; JAX: a dynamic update slice, in place under ``jax.jit`` when the cache is
+        a donated argument), and returned. ``index`` is a Python int or a 0-d integer
+        tensor with ``0 <= index <= L - t``. Nothing differentiates through the write.
+        Called only where `writes_in_place` is True, inside
+        `multiattn._namespace.owned_caches`: the caller owns ``cache`` and reads it only
+        through what the layers return."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.write_cache: this namespace does not write caches in "
+            "place (writes_in_place is False); the core copies the cache instead."
+        )
+
 
 #: The operations of the contract (the callables of `Namespace`).
 OPERATIONS: tuple[str, ...] = tuple(
@@ -301,7 +320,8 @@ OPERATIONS: tuple[str, ...] = tuple(
 CAPABILITIES: tuple[str, ...] = tuple(
     name for name in Namespace.__annotations__ if not name.startswith("_")
 )
-_OPTIONAL = ("fused_attention",)
+#: The optional operations and the capability that says each is implemented.
+_OPTIONAL = {"fused_attention": "has_fused_attention", "write_cache": "writes_in_place"}
 
 
 def signature_mismatches(contract: Callable, implementation: Callable) -> list[str]:
@@ -354,7 +374,7 @@ def check_namespace(namespace: Any) -> None:
     """Raise ``TypeError`` naming what ``namespace`` (an instance or a class) lacks of
     the contract: a missing or non-callable operation, an operation whose signature does
     not accept the contract's calls, a missing capability, or `fused_attention` missing
-    where ``has_fused_attention`` is True."""
+    where ``has_fused_attention`` is True, or `write_cache` where ``writes_in_place`` is."""
     owner = namespace if isinstance(namespace, type) else type(namespace)
     label = f"{owner.__module__}.{owner.__qualname__}"
     problems = []
@@ -363,13 +383,14 @@ def check_namespace(namespace: Any) -> None:
             problems.append(f"capability {name!r} is missing")
     for name in OPERATIONS:
         member = getattr(namespace, name, None)
-        if name in _OPTIONAL and not getattr(namespace, "has_fused_attention", False):
+        flag = _OPTIONAL.get(name)
+        if flag is not None and not getattr(namespace, flag, False):
             continue
         if not callable(member):
             problems.append(f"operation {name!r} is missing")
             continue
-        if name in _OPTIONAL and getattr(owner, name, None) is Namespace.fused_attention:
-            problems.append(f"{name!r} is not implemented but has_fused_attention is True")
+        if flag is not None and getattr(owner, name, None) is getattr(Namespace, name):
+            problems.append(f"{name!r} is not implemented but {flag} is True")
             continue
         for why in signature_mismatches(getattr(Namespace, name), member):
             problems.append(f"{name}: {why}")

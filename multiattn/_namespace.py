@@ -30,7 +30,40 @@ from typing import Any
 
 from ._contract import Namespace, check_namespace
 
-__all__ = ["KerasNamespace", "framework_of", "get_ops", "keras_namespace", "register_namespace"]
+__all__ = [
+    "KerasNamespace",
+    "caches_owned",
+    "framework_of",
+    "get_ops",
+    "keras_namespace",
+    "owned_caches",
+    "register_namespace",
+]
+
+#: True inside `owned_caches`.
+_OWNED_CACHES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "multiattn_owned_caches", default=False
+)
+
+
+@contextlib.contextmanager
+def owned_caches() -> Iterator[None]:
+    """Inside this block, the KV caches handed to the layers' cached calls belong to the
+    caller, which needs no gradient through them and reads them only through what the
+    layers return: a namespace with ``writes_in_place`` writes the new keys and values
+    into them (`multiattn._contract.Namespace.write_cache`) instead of making a new cache,
+    a copy of the whole cache per call. ``generate`` decodes inside it
+    (`multiattn.models.generation.GenerationMixin`)."""
+    token = _OWNED_CACHES.set(True)
+    try:
+        yield
+    finally:
+        _OWNED_CACHES.reset(token)
+
+
+def caches_owned() -> bool:
+    """True inside `owned_caches`."""
+    return _OWNED_CACHES.get()
 
 
 class KerasNamespace(Namespace):
@@ -267,7 +300,14 @@ class KerasNamespace(Namespace):
 
 
 class _NumpyNamespace(KerasNamespace):
-    """Keras' numpy backend: float64 contractions keep float64."""
+    """Keras' numpy backend: float64 contractions keep float64; caches written in place."""
+
+    writes_in_place = True
+
+    def write_cache(self, cache: Any, new: Any, index: Any) -> Any:
+        start = int(index)
+        cache[:, start : start + new.shape[1]] = new
+        return cache
 
     def einsum(self, subscripts: str, *operands: Any) -> Any:
         """``keras.ops.einsum``, except that float64 operands go to NumPy's own einsum:
@@ -305,6 +345,20 @@ class _TorchNamespace(KerasNamespace):
     PyTorch's SDPA called directly, and ``custom_gradient`` as an autograd Function."""
 
     fused_attention_streams = True
+    writes_in_place = True
+
+    def write_cache(self, cache: Any, new: Any, index: Any) -> Any:
+        """An in-place copy into ``cache``: a slice for a Python int ``index``, an
+        ``index_copy_`` for a tensor one (which ``torch.jit.trace`` records as a write at
+        the position the replay passes)."""
+        import torch
+
+        tokens = new.shape[1]
+        if isinstance(index, torch.Tensor):
+            rows = index.reshape(()).to(torch.int64) + torch.arange(tokens, device=cache.device)
+            return cache.index_copy_(1, rows, new)
+        cache.narrow(1, int(index), tokens).copy_(new)
+        return cache
 
     @property
     def fused_attention_groups(self) -> bool:  # type: ignore[override]
@@ -445,7 +499,19 @@ class _TorchNamespace(KerasNamespace):
 
 class _JaxNamespace(KerasNamespace):
     """Keras' jax backend: float64 ``tanh``, eager ``cond`` in Python,
-    ``custom_gradient`` as ``jax.custom_vjp``, fused attention only off the CPU."""
+    ``custom_gradient`` as ``jax.custom_vjp``, fused attention only off the CPU, caches
+    written by a dynamic update slice."""
+
+    writes_in_place = True
+
+    def write_cache(self, cache: Any, new: Any, index: Any) -> Any:
+        """``jax.lax.dynamic_update_slice``: a new array eagerly, an update of the
+        buffer itself under ``jax.jit`` where ``cache`` is a donated argument."""
+        import jax
+
+        zero = index * 0  # the starts share one integer dtype (int64 ints under x64)
+        starts = (zero, index) + (zero,) * (cache.ndim - 2)
+        return jax.lax.dynamic_update_slice(cache, new, starts)
 
     def tanh(self, x: Any) -> Any:
         """``keras.ops.tanh`` that keeps float64 (Keras' jax backend returns float32)."""

@@ -142,7 +142,8 @@ def test_keras_namespaces_implement_the_contract(cls):
     _contract.check_namespace(cls)
     assert not getattr(cls, "__abstractmethods__", None)
     for name in _contract.OPERATIONS:
-        if name != "fused_attention":
+        flag = _contract._OPTIONAL.get(name)
+        if flag is None or getattr(cls, flag):
             assert getattr(cls, name) is not getattr(_contract.Namespace, name), name
 
 
@@ -156,6 +157,15 @@ def test_a_namespace_missing_an_operation_is_refused():
         _Partial()
     with pytest.raises(TypeError, match=r"Bare does not implement .*operation 'abs' is missing"):
         _contract.check_namespace(type("Bare", (), {"backend": "x"}))
+
+
+def test_write_cache_claimed_but_missing_is_refused():
+    claims = type("Claims", (_namespace.KerasNamespace,), {"writes_in_place": True})
+    with pytest.raises(TypeError, match="'write_cache' is not implemented but writes_in_place"):
+        _contract.check_namespace(claims)
+    _contract.check_namespace(_namespace.KerasNamespace)  # claims nothing: not required
+    with pytest.raises(NotImplementedError, match="writes_in_place is False"):
+        _contract.Namespace.write_cache(_namespace.KerasNamespace, None, None, 0)
 
 
 def test_signature_mismatches_name_the_problem():

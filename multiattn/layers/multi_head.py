@@ -21,7 +21,7 @@ from .._checks import (
     fmt_shape,
     shape_of,
 )
-from .._namespace import get_ops
+from .._namespace import caches_owned, get_ops
 from ..ops.attention import attend
 from ..ops.masking import (
     block_keep,
@@ -76,8 +76,13 @@ def _write(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> 
     every backend, and it differentiates everywhere (TensorFlow has no gradient for the
     dynamic update slice ``keras.ops.slice_update`` lowers to; a concatenation has one).
     A traced ``index`` (``jax.jit`` / ``tf.function``) goes to `_write_select`.
+
+    Inside `multiattn._namespace.owned_caches` (``generate``), a namespace that
+    ``writes_in_place`` writes ``new`` into ``cache`` itself (`_write_owned`).
     """
     new = ops.cast(new, cache.dtype)
+    if ops.writes_in_place and caches_owned():
+        return _write_owned(ops, cache, new, index, in_range)
     if not isinstance(index, int):
         return _write_select(ops, cache, new, index, in_range)
     tokens, length = shape_of(new)[1], shape_of(cache)[1]
@@ -87,6 +92,18 @@ def _write(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> 
     if index + tokens < length:
         parts.append(cache[:, index + tokens :])
     return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
+
+
+def _write_owned(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> Any:
+    """`_write` into a cache its caller owns (`multiattn._namespace.owned_caches`): the
+    namespace's ``write_cache``, whose cost follows the tokens written. Where
+    ``in_range`` is False, the tokens at position 0 are written back unchanged."""
+    if in_range is not None:
+        index = ops.where(in_range, index, 0)
+        zero = index * 0  # the starts of a dynamic slice share one integer dtype (JAX)
+        old = ops.slice(cache, (zero, index, zero, zero), shape_of(new))
+        new = ops.where(in_range, new, old)
+    return ops.write_cache(cache, new, index)
 
 
 def _write_select(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> Any:

@@ -9,11 +9,15 @@ NumPy float64 on the last position's logits, with a NumPy generator seeded by ``
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from typing import Any
 
 import keras
 import numpy as np
 from keras import layers as _keras_layers  # Keras' own, also in the Paddle twins
+
+from .._namespace import owned_caches
 
 __all__ = ["GenerationMixin", "choose_tokens"]
 
@@ -241,12 +245,15 @@ class GenerationMixin:
         return keras.backend.backend() if isinstance(self, _keras_layers.Layer) else None
 
     def _decode(self, ids, mask, new, options, eos, pad) -> np.ndarray:
-        if self._backend() == "torch":
-            import torch
+        """`_loop` with the caches it makes written in place (`owned_caches`), under
+        ``torch.no_grad()`` on torch: generation needs no gradients."""
+        with contextlib.ExitStack() as scope:
+            scope.enter_context(owned_caches())
+            if self._backend() == "torch":
+                import torch
 
-            with torch.no_grad():  # generation needs no gradients
-                return self._loop(ids, mask, new, options, eos, pad)
-        return self._loop(ids, mask, new, options, eos, pad)
+                scope.enter_context(torch.no_grad())
+            return self._loop(ids, mask, new, options, eos, pad)
 
     def _loop(self, ids, mask, new, options, eos, pad) -> np.ndarray:
 
@@ -311,5 +318,8 @@ class GenerationMixin:
             with keras.StatelessScope(state_mapping=list(zip(variables, values))):
                 return self.step(*args)
 
-        compiled = jax.jit(pure)
+        # The caches are donated: the compiled step writes the new keys and values into
+        # their buffers (`owned_caches`) instead of copying every cache per token.
+        caches = list(inspect.signature(self.step).parameters).index("caches")
+        compiled = jax.jit(pure, donate_argnums=(1 + caches,))
         return lambda *args: compiled([v.value for v in variables], *args)

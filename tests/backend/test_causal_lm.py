@@ -306,6 +306,9 @@ def test_torch_traced_step_matches_the_eager_step(tmp_path, case):
     step = model.layer._compiled_step()
     assert isinstance(step, TracedStep) and len(step._recordings) == 1
     assert all(r is not None and r[2] for r in step._recordings.values())  # guarded
+    # the new keys and values are written into the caches, not selected over a copy
+    graph = str(next(iter(step._recordings.values()))[0].inlined_graph)
+    assert graph.count("aten::index_copy_") == 2 * model.layer.num_layers
     with config.settings(torch_traced_step=False):
         assert model.layer._compiled_step() == model.layer.step
         eager = model.generate(ids, **args)

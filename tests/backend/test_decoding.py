@@ -5,6 +5,8 @@ also compared with one causal pass of the same layer, step by step and in chunks
 and under the backend's compiler (``jax.jit``, ``tf.function``) with a tensor index.
 """
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 
 from multiattn import layers, ops
 from multiattn import reference as ref
-from multiattn._namespace import get_ops
+from multiattn._namespace import get_ops, owned_caches
 from multiattn.ops.attention import attend
 
 RNG = np.random.default_rng(7)
@@ -268,6 +270,53 @@ def test_cache_under_compilation_with_tensor_index():
     for t in range(5):
         out, cache = step(x[:, t : t + 1], cache, keras.ops.convert_to_tensor(t, "int32"))
         outs.append(to_np(out))
+    assert_close(np.concatenate(outs, 1), want, "float32", LAYER_TOL)
+
+
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize("index_kind", ["int", "tensor"])
+def test_owned_cache_writes_in_place_and_equal_the_copying_writes(dtype, index_kind):
+    """Inside `owned_caches` (``generate``) the keys and values go into the cache itself
+    (where the namespace ``writes_in_place``): the same outputs and caches, bit for bit,
+    as the writes that make a new cache; outside, the cache passed in is left as it was."""
+    layer = _mha_for_cache(2, True, dtype)
+    x = cast(rounded(RNG.standard_normal((2, 5, 8)), dtype), dtype)
+
+    def run(owned):
+        cache = layer.init_cache(2, 7)
+        given, outs = cache, []
+        with owned_caches() if owned else contextlib.nullcontext():
+            for start, stop in ((0, 3), (3, 4), (4, 5)):
+                index = start if index_kind == "int" else keras.ops.convert_to_tensor(start)
+                out, cache = layer(x[:, start:stop], cache=cache, cache_index=index)
+                outs.append(to_np(out))
+        return np.concatenate(outs, 1), [to_np(c) for c in cache], given, cache
+
+    copied, copied_cache, given, _ = run(False)
+    assert all(np.all(to_np(c) == 0.0) for c in given)  # the caller's cache is untouched
+    written, written_cache, given, final = run(True)
+    np.testing.assert_array_equal(written, copied)
+    for a, b in zip(written_cache, copied_cache):
+        np.testing.assert_array_equal(a, b)
+    assert np.all(copied_cache[0][:, 5:] == 0.0) and np.any(copied_cache[0][:, :5] != 0.0)
+    if BACKEND in ("torch", "numpy"):  # the write went into the caller's buffers
+        assert all(f is g for f, g in zip(final, given))
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="no compiler: indices are eager")
+def test_owned_cache_under_compilation_with_tensor_index():
+    """The compiled step writing into caches it owns (a dynamic update slice on JAX)
+    gives the full causal pass, for prompts and single tokens."""
+    layer = _mha_for_cache(2, True)
+    x = cast(RNG.standard_normal((2, 5, 8)), "float32")
+    want = to_np(layer(x, x, causal=True))
+    with owned_caches():
+        step = compiled(lambda t, c, i: layer(t, cache=c, cache_index=i))
+        out, cache = step(x[:, :2], layer.init_cache(2, 8), keras.ops.convert_to_tensor(0))
+        outs = [to_np(out)]
+        for t in range(2, 5):
+            out, cache = step(x[:, t : t + 1], cache, keras.ops.convert_to_tensor(t, "int32"))
+            outs.append(to_np(out))
     assert_close(np.concatenate(outs, 1), want, "float32", LAYER_TOL)
 
 
@@ -557,12 +606,19 @@ def test_query_longer_than_the_cache_names_query():
 
 
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="no compiler: indices are eager")
+@pytest.mark.parametrize("owned", [False, True], ids=["copied", "owned"])
 @pytest.mark.parametrize("index", [-1, 6, 7, 8, 20])
-def test_traced_cache_index_out_of_range_writes_nothing_and_returns_nan(index):
+def test_traced_cache_index_out_of_range_writes_nothing_and_returns_nan(index, owned):
     """Under jax.jit / tf.function the index has no value when the step is traced, so it
     cannot raise: out of range (negative, past the cache of 8 slots or past the rotary
     table of 6 positions), the step writes nothing and returns NaN outputs and weights;
-    never a write at another slot, never a clamped index."""
+    never a write at another slot, never a clamped index. The same inside `owned_caches`
+    (the dynamic update slice)."""
+    with owned_caches() if owned else contextlib.nullcontext():
+        _check_out_of_range_step(index)
+
+
+def _check_out_of_range_step(index):
     layer = layers.MultiHeadAttention(2, 4, rotary_max_length=6)
     layer.build((2, None, 8), (2, None, 8))
     randomise(layer)
