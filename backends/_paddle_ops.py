@@ -491,6 +491,17 @@ class PaddleNamespace(Namespace):
         """Hyperbolic tangent; integers give float32, floats keep their dtype."""
         return self._unary_float(x, paddle.tanh, "tanh")
 
+    def gelu(self, x: Any, approximate: bool = True) -> paddle.Tensor:
+        """``paddle.nn.functional.gelu`` (the tanh form with ``approximate``); integers
+        give float32, floats keep their dtype."""
+        return self._unary_float(
+            x, functools.partial(paddle.nn.functional.gelu, approximate=approximate), "gelu"
+        )
+
+    def silu(self, x: Any) -> paddle.Tensor:
+        """``paddle.nn.functional.silu``; integers give float32, floats keep their dtype."""
+        return self._unary_float(x, paddle.nn.functional.silu, "silu")
+
     def erf(self, x: Any) -> paddle.Tensor:
         """Gauss error function; integers give float32, floats keep their dtype."""
         return self._unary_float(x, paddle.erf, "erf")

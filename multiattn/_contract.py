@@ -171,6 +171,18 @@ class Namespace(Protocol):
         """Gauss error function (floating, float64 kept; integers give float32)."""
 
     @abstractmethod
+    def gelu(self, x: Any, approximate: bool = True) -> Any:
+        """GELU of a floating ``x`` in its dtype (float64 kept): with ``approximate``, the
+        tanh form ``x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x**3)))``, else
+        ``x / 2 * (1 + erf(x / sqrt(2)))``; the framework's own kernel where it has one."""
+
+    @abstractmethod
+    def silu(self, x: Any) -> Any:
+        """``x * sigmoid(x)`` of a floating ``x`` in its dtype (float64 kept), without
+        overflow or cancellation for large ``|x|``; the framework's own kernel where it
+        has one."""
+
+    @abstractmethod
     def square(self, x: Any) -> Any:
         """``x * x``, dtype kept (bool gives int32)."""
 

@@ -52,11 +52,9 @@ def _apply(ops: Any, x: Any, name: str) -> Any:
         return ops.where(ops.less(x, 0.0), ops.zeros_like(x), x)
     if name == "gelu":
         return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
-    if name in _TANH_GELU:
-        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
-        return 0.5 * x * (1.0 + ops.tanh(inner))
-    # silu / swish: sigmoid(x) = (1 + tanh(x / 2)) / 2, which never overflows
-    return 0.5 * x * (1.0 + ops.tanh(0.5 * x))
+    if name in _TANH_GELU:  # one fused kernel where the framework has one
+        return ops.gelu(x, approximate=True)
+    return ops.silu(x)  # silu / swish
 
 
 def activation(x: Any, name: str = "relu") -> Any:
