@@ -56,6 +56,7 @@ __all__ = [
     "get_attention_memory_budget",
     "get_block_size",
     "get_fused_attention",
+    "get_fused_projections",
     "get_torch_onednn",
     "get_torch_traced_step",
     "reload_environment",
@@ -190,6 +191,7 @@ def settings(
     torch_onednn: bool | None = _UNSET,
     fused_attention: bool | None = _UNSET,
     torch_traced_step: bool | None = _UNSET,
+    fused_projections: bool | None = _UNSET,
 ) -> Iterator[None]:
     """Scoped settings: inside the block, the given values apply to every multiattn call
     in this thread or asyncio task (``with settings(attention_memory_budget="64MiB",
@@ -215,6 +217,10 @@ def settings(
             one-token decoding step recorded by ``torch.jit.trace`` and replayed (True,
             the default; None means the default) or as eager Keras calls (False). Read
             at each ``generate`` call.
+        fused_projections: True computes the query, key and value projections of
+            self-attention as one product over the three kernels joined, False as three
+            products; None (the default) measures which is faster on the running machine,
+            once per shape class (`multiattn.tuning.fused_projections_pay`).
 
     Values are read when a function is traced: under ``jax.jit`` and ``tf.function`` the
     values in force at tracing time are compiled in.
@@ -230,6 +236,7 @@ def settings(
         "torch_onednn": torch_onednn,
         "fused_attention": fused_attention,
         "torch_traced_step": torch_traced_step,
+        "fused_projections": fused_projections,
     }
     for name, value in flags.items():
         if value is not _UNSET:
@@ -303,6 +310,13 @@ def get_fused_attention() -> bool | None:
     """The innermost `settings` value of ``fused_attention``: True (the fused kernel where
     the call allows it), False (the explicit softmax) or None (measured)."""
     return _scoped.get().get("fused_attention")
+
+
+def get_fused_projections() -> bool | None:
+    """The innermost `settings` value of ``fused_projections``: True (one product over
+    the joined query, key and value kernels), False (three products) or None
+    (measured)."""
+    return _scoped.get().get("fused_projections")
 
 
 def get_torch_traced_step() -> bool:

@@ -39,6 +39,10 @@ Choices made this way:
   `fused_attention_pays` (float32, equal key and value widths); where nothing can be timed
   (Keras symbolic tensors, ``torch.compile``) the namespace's ``fused_attention_pays``
   applies.
+* ``projections``: the query, key and value projections of self-attention as three
+  products or as one over the three kernels joined (`fused_projections_pay`);
+  ``settings(fused_projections=True/False)`` forces one; where nothing can be timed, three
+  products.
 
 `decisions` lists what was decided in this process (with the medians that decided it),
 `reset` forgets it, `cpu_info` describes the CPU (model and instruction sets), which the
@@ -56,7 +60,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +82,7 @@ __all__ = [
     "describe_decision",
     "describe_decisions",
     "fused_attention_pays",
+    "fused_projections_pay",
     "parse_cpuinfo",
     "reset",
     "torch_is_tracing",
@@ -453,6 +458,82 @@ def fused_attention_pays(
     return choice == "fused"
 
 
+def fused_projections_pay(
+    ops: Any,
+    x: Any,
+    kernels: Sequence[Any],
+    biases: Sequence[Any],
+    fused: Callable[[Any, Any, list, list], list],
+) -> bool:
+    """True when one product over the joined query, key and value kernels is faster than
+    three products on the running machine, for projections of this shape class.
+
+    ``x`` ``(..., E)``, ``kernels`` the three ``(E, ...)`` kernels and ``biases`` theirs
+    (all tensors or all None) as `multiattn.layers.MultiHeadAttention` passes them;
+    ``fused(ops, x, kernels, biases)`` computes the three products as one (the layer's
+    own function). Both candidates are timed forward on random inputs of the call's dtype
+    with ``min(rows, 4 FLOP_CAP / (2 E N))`` rows, ``N`` the three widths together (at
+    least 64 rows; four times the usual cap, because the joined candidate also joins the
+    kernels on every call, a cost that does not shrink with the rows); the class is the backend, its device, the dtype, the rows (``x``'s
+    leading sizes multiplied) rounded up to a power of two, ``E``, the three output widths
+    and whether there are biases. Eager calls time directly; under ``jax.jit`` and
+    ``tf.function`` the candidates are compiled and timed at trace time outside the
+    trace. Where nothing can be timed (Keras symbolic tensors, ``torch.compile`` and
+    ``torch.jit``, a size unknown at trace time) the class's earlier decision is used,
+    else three products.
+    """
+    backend, dtype = ops.backend, ops.dtype_name(x)
+    device = _device(backend, x)
+    dims = [_static(d) for d in x.shape]
+    widths = tuple(math.prod(_static(d) or 0 for d in k.shape[1:]) for k in kernels)
+    rows = None if None in dims else math.prod(dims[:-1])
+    cls = {
+        "backend": backend,
+        "device": device,
+        "dtype": dtype,
+        "rows": None if rows is None else bucket(rows),
+        "in": dims[-1],
+        "out": widths,
+        "bias": biases[0] is not None,
+    }
+    measurable, why = _can_time(ops, backend, x)
+    if measurable and (rows is None or dims[-1] is None or 0 in widths):
+        measurable, why = False, "a size unknown at trace time"
+
+    def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
+        n = min(rows, max(64, 4 * FLOP_CAP // max(2 * dims[-1] * sum(widths), 1)))
+        rng = np.random.default_rng(0)
+        np_dtype = "float64" if dtype == "float64" else "float32"
+
+        def tensor(shape: tuple) -> Any:
+            t = ops.cast(ops.convert_to_tensor(rng.standard_normal(shape).astype(np_dtype)), dtype)
+            return t.to(x.device) if backend == "torch" and device not in ("cpu", None) else t
+
+        with _eager(backend):
+            xs = tensor((n, dims[-1]))
+            ks = [tensor(tuple(int(d) for d in k.shape)) for k in kernels]
+            bs = [None if b is None else tensor(tuple(int(d) for d in b.shape)) for b in biases]
+            fns = {
+                "separate": lambda x, *w: [ops.linear(x, k, b) for k, b in zip(w[:3], w[3:])],
+                "fused": lambda x, *w: fused(ops, x, list(w[:3]), list(w[3:])),
+            }
+            runs = {name: _compiled(backend, fn, [xs, *ks, *bs]) for name, fn in fns.items()}
+        return runs, f"({n}, {dims[-1]}) inputs, kernels to {widths}"
+
+    sync = _sync(backend, device)
+    with _eager(backend) if measurable else contextlib.nullcontext():
+        choice = decide(
+            "projections",
+            cls,
+            candidates,
+            fallback="separate",
+            measurable=measurable,
+            reason=why,
+            sync=sync,
+        )
+    return choice == "fused"
+
+
 def _static(n: Any) -> int | None:
     return _static_dim(n)  # None for a symbolic size (JAX shape polymorphism, graphs)
 
@@ -528,9 +609,13 @@ def _compiled(backend: str, fn: Callable[..., Any], tensors: list) -> Callable[[
 
 def _sync(backend: str, device: str | None) -> Callable[[Any], Any] | None:
     if backend == "jax":
-        return lambda out: out.block_until_ready()
+        import jax
+
+        return jax.block_until_ready  # any structure of arrays
     if backend == "tensorflow":
-        return lambda out: out.numpy()
+        import tensorflow as tf
+
+        return lambda out: tf.nest.map_structure(lambda t: t.numpy(), out)
     if backend == "torch" and device == "cuda":
         import torch
 

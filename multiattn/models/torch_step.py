@@ -20,7 +20,9 @@ What makes a recording replay correctly for other inputs:
 * where the step branches on a tensor's value (``cond``: the attention's test for
   non-finite inputs), the recording keeps the branch taken and returns the predicate
   as a guard; a replay whose guards take another branch is thrown away and that step
-  runs eagerly (`multiattn._namespace.torch_trace_guards`);
+  runs eagerly (`multiattn._namespace.torch_trace_guards`). Inside
+  `multiattn._namespace.owned_caches` the thrown-away replay has already written its
+  keys and values into the caches; the eager step computes and writes the same ones;
 * the weights are inputs too, read through ``keras.StatelessScope`` as under ``jax.jit``,
   so a kept recording follows weights changed later (training, ``set_weights``);
 * arguments that are not arrays (None, Python numbers) are part of the key that selects a

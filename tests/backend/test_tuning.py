@@ -324,3 +324,90 @@ def test_fused_attention_setting_refuses_non_bools():
     with pytest.raises(TypeError, match="fused_attention"):
         with config.settings(fused_attention="yes"):
             pass
+
+
+# --- joined or separate query/key/value projections ------------------------------------
+
+
+def _self_attention(kv_heads: int = 2, bias: bool = True):
+    from multiattn import layers
+
+    layer = layers.MultiHeadAttention(4, 3, num_key_value_heads=kv_heads, use_bias=bias)
+    x = cast(RNG.standard_normal((2, 5, 8)), "float32")
+    layer(x, x)
+    for w in layer.weights:
+        w.assign(RNG.standard_normal(tuple(w.shape)).astype("float32") * 0.5)
+    return layer, x
+
+
+def _oracle(layer, x):
+    from multiattn import reference as ref
+
+    w = {
+        k: keras.ops.convert_to_numpy(getattr(layer, k)).astype(np.float64)
+        for k in ("query_kernel", "key_kernel", "value_kernel", "output_kernel")
+    }
+    if layer.use_bias:
+        for k in ("query_bias", "key_bias", "value_bias", "output_bias"):
+            w[k] = keras.ops.convert_to_numpy(getattr(layer, k)).astype(np.float64)
+    x64 = keras.ops.convert_to_numpy(x).astype(np.float64)
+    return ref.multi_head_attention(x64, x64, weights=w)[0]
+
+
+@pytest.mark.parametrize("winner", ["fused", "separate"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_projection_join_follows_the_timing_once_per_class(monkeypatch, winner, bias):
+    """Self-attention (one tensor as query, key and value) asks for the choice once per
+    class; either winner gives the oracle's numbers."""
+    layer, x = _self_attention(bias=bias)
+    tuning.reset()
+    timed = fake_timing(monkeypatch, winner)
+    joined = []
+    real = tuning.fused_projections_pay
+
+    def spy(*args, **kwargs):
+        joined.append(real(*args, **kwargs))
+        return joined[-1]
+
+    monkeypatch.setattr(tuning, "fused_projections_pay", spy)
+    for _ in range(2):
+        got = layer(x, x)
+    assert timed.count(["fused", "separate"]) == 1 and joined == [winner == "fused"] * 2
+    (decision,) = [d for d in tuning.decisions() if d["op"] == "projections"]
+    assert decision["shape_class"]["out"] == (12, 6, 6) and decision["shape_class"]["rows"] == 16
+    assert decision["shape_class"]["bias"] is bias
+    assert_close(got, _oracle(layer, x), "float32")
+
+
+@pytest.mark.parametrize("forced", [True, False])
+def test_projection_setting_forces_the_join_without_timing(monkeypatch, forced):
+    from multiattn.layers import multi_head
+
+    layer, x = _self_attention()
+    monkeypatch.setattr(tuning, "fused_projections_pay", lambda *a: pytest.fail("timed"))
+    calls = []
+    real = multi_head._fused_linear
+    monkeypatch.setattr(multi_head, "_fused_linear", lambda *a: calls.append(1) or real(*a))
+    with config.settings(fused_projections=forced):
+        got = layer(x, x)
+    assert bool(calls) is forced
+    assert_close(got, _oracle(layer, x), "float32")
+    with pytest.raises(TypeError, match="fused_projections"):
+        with config.settings(fused_projections=1):
+            pass
+
+
+def test_projection_join_is_measured_for_real():
+    layer, x = _self_attention()
+    tuning.reset()
+    layer(x, x)
+    (decision,) = [d for d in tuning.decisions() if d["op"] == "projections"]
+    assert decision["how"] == "measured" and set(decision["median_ms"]) == {"fused", "separate"}
+    assert decision["timed"] == "(10, 8) inputs, kernels to (12, 6, 6)"
+
+
+def test_cross_attention_never_joins(monkeypatch):
+    layer, x = _self_attention()
+    monkeypatch.setattr(tuning, "fused_projections_pay", lambda *a: pytest.fail("asked"))
+    y = cast(keras.ops.convert_to_numpy(x), "float32")  # the same values, another tensor
+    layer(x, y)
