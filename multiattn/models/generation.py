@@ -225,7 +225,7 @@ class GenerationMixin:
             np.concatenate([mask, np.ones((batch, new), np.int64)], axis=1).astype(bool)
         )
         positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-        logits, caches = self.step(ids, positions, caches, 0, slots)
+        logits, caches = self._prefill_step()(ids, positions, caches, 0, slots)
         return logits, {"caches": caches, "slots": slots, "mask": mask, "seq": seq}, ids
 
     def _advance(self, step, token, t, state) -> Any:
@@ -309,7 +309,21 @@ class GenerationMixin:
 
         return tf.function(self.step, reduce_retracing=False)
 
-    def _jax_step(self):
+    def _prefill_step(self):
+        """`step` for the prompt: on jax compiled once per prompt shape, with the cache
+        index (0) static, so that the prompt attends over the slots it fills, as the
+        eager step does; elsewhere `step` itself."""
+        if self._backend() != "jax":
+            return self.step
+        kept = self.__dict__.get("_multiattn_prefill")
+        if kept is None:
+            kept = self.__dict__["_multiattn_prefill"] = self._jax_step(static_index=True)
+        return kept
+
+    def _jax_step(self, static_index: bool = False):
+        """`step` under ``jax.jit``, the weights passed as arguments and the caches
+        donated: the compiled step writes the new keys and values into their buffers
+        (`owned_caches`) instead of copying every cache per token."""
         import jax
 
         variables = list(self.variables)
@@ -318,8 +332,8 @@ class GenerationMixin:
             with keras.StatelessScope(state_mapping=list(zip(variables, values))):
                 return self.step(*args)
 
-        # The caches are donated: the compiled step writes the new keys and values into
-        # their buffers (`owned_caches`) instead of copying every cache per token.
-        caches = list(inspect.signature(self.step).parameters).index("caches")
-        compiled = jax.jit(pure, donate_argnums=(1 + caches,))
+        names = list(inspect.signature(self.step).parameters)
+        static = (1 + names.index("index"),) if static_index else ()
+        compiled = jax.jit(pure, donate_argnums=(1 + names.index("caches"),),
+                           static_argnums=static)  # fmt: skip
         return lambda *args: compiled([v.value for v in variables], *args)

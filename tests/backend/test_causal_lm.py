@@ -16,7 +16,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from _support import BACKEND, rel_err, to_np
+from _support import BACKEND, assert_close, rel_err, to_np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -258,7 +258,32 @@ def test_compiled_step_matches_eager(tmp_path, monkeypatch):
     compiled = model.generate(ids, **args)
     layer = model.layer
     monkeypatch.setattr(type(layer), "_compiled_step", lambda self: self.step)
+    monkeypatch.setattr(type(layer), "_prefill_step", lambda self: self.step)
     np.testing.assert_array_equal(model.generate(ids, **args), compiled)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the compiled prefill is jax's")
+def test_jax_prefill_is_compiled_once_and_matches_the_eager_step(tmp_path):
+    """On jax the prompt goes through the caches under ``jax.jit`` (the index static, the
+    caches donated), compiled once per prompt shape; its logits and caches are the eager
+    step's to float32 rounding."""
+    from multiattn._namespace import owned_caches
+
+    _build("llama3", tmp_path / "m")
+    layer = from_pretrained(tmp_path / "m").layer
+    ids, mask = _batch()
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    slots = np.concatenate([mask, np.ones((2, 3), np.int64)], axis=1).astype(bool)
+    with owned_caches():
+        prefill = layer._prefill_step()
+        got, got_caches = prefill(ids, positions, layer.init_caches(2, 12), 0, slots)
+        assert layer._prefill_step() is prefill
+    want, want_caches = layer.step(ids, positions, layer.init_caches(2, 12), 0, slots)
+    real = mask[:, -1].astype(bool)
+    assert_close(to_np(got)[real], to_np(want)[real], "float32", {"float32": 1e-5})
+    for g, w in zip(got_caches, want_caches):
+        for a, b in zip(g, w):
+            assert_close(to_np(a), to_np(b), "float32", {"float32": 1e-5})
 
 
 def test_compiled_step_is_kept_and_follows_new_weights(tmp_path):
