@@ -39,7 +39,7 @@ Choices made this way:
   `fused_attention_pays` (float32, equal key and value widths); where nothing can be timed
   (Keras symbolic tensors, ``torch.compile``) the namespace's ``fused_attention_pays``
   applies.
-* ``projections``: the query, key and value projections of self-attention as three
+* ``fused-qkv``: the query, key and value projections of self-attention as three
   products or as one over the three kernels joined (`fused_projections_pay`);
   ``settings(fused_projections=True/False)`` forces one; where nothing can be timed, three
   products.
@@ -523,7 +523,7 @@ def fused_projections_pay(
     sync = _sync(backend, device)
     with _eager(backend) if measurable else contextlib.nullcontext():
         choice = decide(
-            "projections",
+            "fused-qkv",
             cls,
             candidates,
             fallback="separate",

@@ -160,7 +160,7 @@ def _print_choices(console: Any, choices: dict[str, list], notes: dict[str, Any]
     lines = []
     for fw, found in choices.items():
         if notes.get(fw):
-            lines.append(f"  {fw}: projections: {notes[fw]}")
+            lines.append(f"  {fw}: projection library: {notes[fw]}")
         seen = set()
         for decision in found:
             line = describe_decision(decision)

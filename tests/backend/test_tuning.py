@@ -373,7 +373,7 @@ def test_projection_join_follows_the_timing_once_per_class(monkeypatch, winner, 
     for _ in range(2):
         got = layer(x, x)
     assert timed.count(["fused", "separate"]) == 1 and joined == [winner == "fused"] * 2
-    (decision,) = [d for d in tuning.decisions() if d["op"] == "projections"]
+    (decision,) = [d for d in tuning.decisions() if d["op"] == "fused-qkv"]
     assert decision["shape_class"]["out"] == (12, 6, 6) and decision["shape_class"]["rows"] == 16
     assert decision["shape_class"]["bias"] is bias
     assert_close(got, _oracle(layer, x), "float32")
@@ -401,7 +401,7 @@ def test_projection_join_is_measured_for_real():
     layer, x = _self_attention()
     tuning.reset()
     layer(x, x)
-    (decision,) = [d for d in tuning.decisions() if d["op"] == "projections"]
+    (decision,) = [d for d in tuning.decisions() if d["op"] == "fused-qkv"]
     assert decision["how"] == "measured" and set(decision["median_ms"]) == {"fused", "separate"}
     assert decision["timed"] == "(10, 8) inputs, kernels to (12, 6, 6)"
 
