@@ -90,9 +90,11 @@ def test_quick_run_reports_every_implementation(runs):
         if framework == "torch" and info["info"].get("torch_onednn_projections"):
             assert set(mm["routes"]) == {"matmul", "oneDNN linear"}
             if info["info"]["torch_projection_library"] == "measured per shape class":
-                # forward, input and weight gradients of the projections, each measured
+                # forward, input and weight gradients of the projections, each measured;
+                # and whether self-attention joins its query/key/value products
                 choices = info["kernel_choices"]
-                assert {c["op"] for c in choices} == {"torch-linear"} and len(choices) >= 3
+                assert {c["op"] for c in choices} == {"torch-linear", "fused-qkv"}
+                assert sum(c["op"] == "torch-linear" for c in choices) >= 3
                 assert all(c["how"] == "measured" for c in choices)
                 assert all(c["choice"] in c["median_ms"] for c in choices)
             assert info["cpu_capability"]
