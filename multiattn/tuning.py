@@ -444,17 +444,8 @@ def fused_attention_pays(
         timed = f"(1, {queries}, {heads}, {d}) queries, (1, {tk}, {heads}, {d}/{dv}) keys/values"
         return runs, timed
 
-    sync = _sync(backend, device)
-    with _eager(backend) if measurable else contextlib.nullcontext():
-        choice = decide(
-            "attention",
-            cls,
-            candidates,
-            fallback="fused" if fallback else "explicit",
-            measurable=measurable,
-            reason=why,
-            sync=sync,
-        )
+    fallback_choice = "fused" if fallback else "explicit"
+    choice = _decide_eagerly("attention", cls, candidates, fallback_choice, measurable, why)
     return choice == "fused"
 
 
@@ -520,18 +511,25 @@ def fused_projections_pay(
             runs = {name: _compiled(backend, fn, [xs, *ks, *bs]) for name, fn in fns.items()}
         return runs, f"({n}, {dims[-1]}) inputs, kernels to {widths}"
 
-    sync = _sync(backend, device)
+    return _decide_eagerly("fused-qkv", cls, candidates, "separate", measurable, why) == "fused"
+
+
+def _decide_eagerly(
+    op: str, cls: dict, candidates: Callable, fallback: str, measurable: bool, why: str
+) -> str:
+    """`decide` for a class whose ``backend`` and ``device`` fields name the framework,
+    timing outside any ``jax.jit`` / ``tf.function`` trace under way."""
+    backend = cls["backend"]
     with _eager(backend) if measurable else contextlib.nullcontext():
-        choice = decide(
-            "fused-qkv",
+        return decide(
+            op,
             cls,
             candidates,
-            fallback="separate",
+            fallback=fallback,
             measurable=measurable,
             reason=why,
-            sync=sync,
+            sync=_sync(backend, cls["device"]),
         )
-    return choice == "fused"
 
 
 def _static(n: Any) -> int | None:
