@@ -29,6 +29,10 @@ A value is looked up, in order of precedence:
 4. the defaults: `DEFAULT_ATTENTION_MEMORY_BUDGET` (1 GiB), no forced block size,
    ``torch_onednn`` measured.
 
+`owned_caches` is a scope of another kind: inside it, a caller that owns the KV caches
+it passes to the layers (``generate``, or a decoding loop of one's own) lets them write
+new keys and values into those caches instead of copying them (see ``docs/decoding.md``).
+
 Settings are read when attention is traced or run: under ``jax.jit`` or
 ``tf.function`` the values in force when the function is *traced* are compiled in, and a
 later `settings` block around a call of the compiled function changes nothing until it
@@ -48,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from ._namespace import owned_caches
+
 __all__ = [
     "BUDGET_ENV_VAR",
     "DEFAULT_ATTENTION_MEMORY_BUDGET",
@@ -59,6 +65,7 @@ __all__ = [
     "get_fused_projections",
     "get_torch_onednn",
     "get_torch_traced_step",
+    "owned_caches",
     "reload_environment",
     "set_attention_memory_budget",
     "set_torch_onednn",

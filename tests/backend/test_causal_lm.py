@@ -267,7 +267,7 @@ def test_jax_prefill_is_compiled_once_and_matches_the_eager_step(tmp_path):
     """On jax the prompt goes through the caches under ``jax.jit`` (the index static, the
     caches donated), compiled once per prompt shape; its logits and caches are the eager
     step's to float32 rounding."""
-    from multiattn._namespace import owned_caches
+    from multiattn.config import owned_caches
 
     _build("llama3", tmp_path / "m")
     layer = from_pretrained(tmp_path / "m").layer
