@@ -114,9 +114,11 @@ def attend(
 
     Positions a row may not attend have no effect on it, whatever they hold: when a mask
     is given (and on the fused path, whose kernel may zero a row with a NaN query), the
-    inputs are screened for NaN and infinities (`_all_finite`, one sum each) and, if there
-    are any, the attention runs on the inputs with them replaced by 0
-    (`_replace_non_finite`) and the rows that attend one come out NaN (`_poison_rows`).
+    inputs are screened for NaN and infinities (`_all_finite`, one sum each; on the
+    explicit path, where the scores are fewer than the keys and values, the query, scores
+    and output instead: `_screens_scores`) and, if there are any, the attention runs on
+    the inputs with them replaced by 0 (`_replace_non_finite`) and the rows that attend
+    one come out NaN (`_poison_rows`).
 
     Args:
         query: ``(B, Tq, H, D)``; key: ``(B, Tk, Hkv, D)``; value: ``(B, Tk, Hkv, Dv)``
@@ -167,37 +169,46 @@ def attend(
     )
     causal = spec.effective_causal
     lens4 = lens_rank4(ops, valid_lens)
-    if how.screen != "none":
-        # NaN and infinities must not meet a masked position in a product (0 * NaN is
-        # NaN), forward or backward, nor reach a fused kernel (which may zero a row with
-        # a NaN query): if there are any, the attention runs on the inputs with them
-        # replaced by 0, and `_poison_rows` gives NaN to the rows that attend them.
-        inputs = (query, key, value)
-        finite = _all_finite(ops, inputs if how.screen == "all" else (query,))
-        query, key, value = ops.cond(
-            finite, lambda: inputs, lambda: _replace_non_finite(ops, inputs)
-        )
-    weights = None
-    if how.path == "blockwise":
-        out = _blockwise(ops, query, key, value, keep, valid_lens, how, scale, bias)
-    else:
+    if how.path != "blockwise":
         if how.fold_masks:
             keep = block_keep(ops, keep, lens4, how.causal == "mask", sizes)
             lens4 = None
             if keep is not None:
-                for _ in range(4 - len(shape_of(keep))):
-                    keep = ops.expand_dims(keep, 0)
+                keep = _rank4(ops, keep)
         causal = how.causal in ("kernel", "blocks")
-        drop = _Dropout(dropout, seed) if how.dropout else None
-        out, weights = _direct_attention(ops, query, key, value, keep, how, scale, drop, bias)
-    if how.screen != "none":
-        results = (out,) if weights is None else (out, weights)
-        results = ops.cond(
-            finite,
-            lambda: results,
-            lambda: _poison_rows(ops, results, inputs, keep, lens4, causal, sizes),
-        )
-        out, weights = results if len(results) == 2 else (results[0], None)
+    drop = _Dropout(dropout, seed) if how.dropout else None
+
+    def run(q: Any, k: Any, v: Any, scores: list | None = None) -> tuple:
+        """``(out,)`` or ``(out, weights)`` of the planned path on ``q, k, v``."""
+        if how.path == "blockwise":
+            return (_blockwise(ops, q, k, v, keep, valid_lens, how, scale, bias),)
+        out, weights = _direct_attention(ops, q, k, v, keep, how, scale, drop, bias, scores)
+        return (out,) if weights is None else (out, weights)
+
+    inputs = (query, key, value)
+    if how.screen == "none":
+        results = run(*inputs)
+    else:
+        # NaN and infinities must not meet a masked position in a product (0 * NaN is
+        # NaN), forward or backward, nor reach a fused kernel (which may zero a row with
+        # a NaN query): if there are any, the attention runs on the inputs with them
+        # replaced by 0, and `_poison_rows` gives NaN to the rows that attend them.
+        def exact(results: tuple) -> tuple:
+            return _poison_rows(ops, results, inputs, keep, lens4, causal, sizes)
+
+        if _screens_scores(how, spec):
+            scores: list = []
+            fast = run(*inputs, scores)
+            finite = _all_finite(ops, (query, scores[0], fast[0]))
+            results = ops.cond(
+                finite, lambda: fast, lambda: exact(run(*_replace_non_finite(ops, inputs)))
+            )
+        else:
+            finite = _all_finite(ops, inputs if how.screen == "all" else (query,))
+            q, k, v = ops.cond(finite, lambda: inputs, lambda: _replace_non_finite(ops, inputs))
+            computed = run(q, k, v)
+            results = ops.cond(finite, lambda: computed, lambda: exact(computed))
+    out, weights = results if len(results) == 2 else (results[0], None)
     if dtype in HALF_DTYPES:
         out = ops.cast(out, dtype)
         weights = None if weights is None else ops.cast(weights, dtype)
@@ -249,6 +260,25 @@ def _rank4(ops: Any, x: Any) -> Any:
     for _ in range(4 - len(shape_of(x))):
         x = ops.expand_dims(x, 0)
     return x
+
+
+def _screens_scores(how: plan.AttentionPlan, spec: plan.AttentionSpec) -> bool:
+    """Whether the screen for NaN and infinities runs after the explicit path, on its
+    query, scores and output, rather than before it on the query, keys and values.
+
+    Exact either way: with a finite query, a non-finite entry in key row ``j`` makes score
+    ``j`` of every query non-finite (``0 * inf`` is NaN), before any mask or bias; with
+    finite weights, a non-finite entry in value row ``j`` makes the output of every row
+    that is not fully masked non-finite (a masked weight of 0 times it is NaN), and a
+    fully masked row's output is 0 whatever the values hold. Taken when the scores and
+    output, ``B*H*Tq*(Tk + Dv)`` entries, are fewer than the keys and values,
+    ``B*Tk*Hkv*(D + Dv)``: a decoding step through a long cache sums a row of scores
+    instead of the whole cache. Not with dropout (the exact branch would draw again)."""
+    sizes = (spec.heads, spec.kv_heads, spec.queries, spec.keys, spec.key_width, spec.value_width)
+    if how.path != "explicit" or how.dropout or None in sizes:
+        return False
+    heads, kv_heads, queries, keys, width, value_width = sizes
+    return heads * queries * (keys + value_width) < keys * kv_heads * (width + value_width)
 
 
 def _all_finite(ops: Any, tensors: tuple) -> Any:
@@ -331,18 +361,21 @@ def _direct_attention(
     scale: float,
     drop: _Dropout | None = None,
     bias: Any = None,
+    scores: list | None = None,
 ) -> tuple[Any, Any]:
     """The fused or the explicit path of ``how``: the whole ``(B, H, Tq, Tk)`` score
     matrix at once (unless the backend's fused kernel streams). ``keep`` is rank 4 or
     None, with the lengths and causal mask already folded in unless ``how`` leaves the
     causal mask to the kernel. Returns the output and the weights (None unless
-    ``how.weights``)."""
+    ``how.weights``); the explicit path appends its scores, before bias and mask, to
+    ``scores`` when it is a list."""
     if how.path == "fused":
         return _fused_attention(ops, query, key, value, keep, how, scale), None
     rate, seed = drop if drop is not None else (0.0, None)
     return _explicit_attention(
-        ops, query, key, value, keep, scale, rate, drop is not None, seed, how.weights, bias
-    )
+        ops, query, key, value, keep, scale, rate, drop is not None, seed, how.weights, bias,
+        scores,
+    )  # fmt: skip
 
 
 def _fused_attention(
@@ -392,8 +425,9 @@ def _blockwise(
 
 
 def _explicit_attention(
-    ops, query, key, value, keep, scale, dropout, training, seed, return_weights, bias=None
-):
+    ops, query, key, value, keep, scale, dropout, training, seed, return_weights, bias=None,
+    raw_scores=None,
+):  # fmt: skip
     """Scores, masked softmax and weighted sum, in head-major layout; returns the output
     and, with ``return_weights``, the weights (else None).
 
@@ -414,6 +448,9 @@ def _explicit_attention(
     of a group are stacked, ``(B, H_kv, G * Tq, D)``, and contracted with the group's
     key/value head ``(B, H_kv, Tk, D)``: no key or value is repeated, and the scores and
     weights come out ``(B, H, Tq, Tk)`` as without groups.
+
+    ``raw_scores``, a list, receives the scores ``(B, H, Tq, Tk)`` before bias and mask
+    (for `_screens_scores`).
     """
     q = ops.transpose(query * scale, (0, 2, 1, 3))
     k = ops.transpose(key, (0, 2, 1, 3))
@@ -425,6 +462,8 @@ def _explicit_attention(
         b, tq, tk = (_size(ops, t, axis) for t, axis in ((q, 0), (q, 2), (k, 2)))
         q = ops.reshape(q, (b, kv_heads, (heads // kv_heads) * tq, shape_of(q)[3]))
         scores = ops.reshape(ops.einsum("bhqd,bhkd->bhqk", q, k), (b, heads, tq, tk))
+    if raw_scores is not None:
+        raw_scores.append(scores)
     if bias is not None:
         scores = scores + bias
     weights = softmax_where(ops, scores, keep, zero_empty_rows=return_weights)
