@@ -759,6 +759,7 @@ class MultiHeadAttention(keras.layers.Layer):
             biases = [None if d.bias is None else ops.cast(d.bias, dtype) for d in dense]
             if self._joins_projections(ops, x, kernels, biases):
                 return tuple(_fused_linear(ops, x, kernels, biases))
+            return tuple(ops.linear(x, k, b) for k, b in zip(kernels, biases))
         return tuple(self._project(ops, x, d) for d in dense)
 
     @staticmethod
