@@ -383,10 +383,10 @@ class PaddleNamespace(Namespace):
         return paddle.broadcast_to(self._t(x), [int(d) for d in shape])
 
     def write_cache(self, cache: Any, new: Any, index: Any) -> paddle.Tensor:
-        """``new`` assigned into ``cache[:, index : index + t]`` (in place) and ``cache``
-        returned; ``index`` a Python int or a 0-d integer tensor."""
+        """``new`` assigned into ``cache[:, :, index : index + t]`` (in place) and
+        ``cache`` returned; ``index`` a Python int or a 0-d integer tensor."""
         start = int(index)
-        cache[:, start : start + int(new.shape[1])] = self._t(new)
+        cache[:, :, start : start + int(new.shape[2])] = self._t(new)
         return cache
 
     def slice(

@@ -305,8 +305,8 @@ class Namespace(Protocol):
         )
 
     def write_cache(self, cache: Any, new: Any, index: Any) -> Any:
-        """``cache`` ``(B, L, ...)`` with ``new`` ``(B, t, ...)`` (same dtype, same
-        trailing shape) at positions ``index .. index + t - 1`` of axis 1, written into
+        """``cache`` ``(B, H, L, ...)`` with ``new`` ``(B, H, t, ...)`` (same dtype, same
+        other sizes) at positions ``index .. index + t - 1`` of axis 2, written into
         ``cache`` itself where the framework can (PyTorch, NumPy, Paddle: an in-place
         update; JAX: a dynamic update slice, in place under ``jax.jit`` when the cache is
         a donated argument), and returned. ``index`` is a Python int or a 0-d integer

@@ -337,7 +337,7 @@ class _NumpyNamespace(KerasNamespace):
 
     def write_cache(self, cache: Any, new: Any, index: Any) -> Any:
         start = int(index)
-        cache[:, start : start + new.shape[1]] = new
+        cache[:, :, start : start + new.shape[2]] = new
         return cache
 
     def einsum(self, subscripts: str, *operands: Any) -> Any:
@@ -384,11 +384,11 @@ class _TorchNamespace(KerasNamespace):
         the position the replay passes)."""
         import torch
 
-        tokens = new.shape[1]
+        tokens = new.shape[2]
         if isinstance(index, torch.Tensor):
             rows = index.reshape(()).to(torch.int64) + torch.arange(tokens, device=cache.device)
-            return cache.index_copy_(1, rows, new)
-        cache.narrow(1, int(index), tokens).copy_(new)
+            return cache.index_copy_(2, rows, new)
+        cache.narrow(2, int(index), tokens).copy_(new)
         return cache
 
     @property
@@ -541,7 +541,7 @@ class _JaxNamespace(KerasNamespace):
         import jax
 
         zero = index * 0  # the starts share one integer dtype (int64 ints under x64)
-        starts = (zero, index) + (zero,) * (cache.ndim - 2)
+        starts = (zero, zero, index) + (zero,) * (cache.ndim - 3)
         return jax.lax.dynamic_update_slice(cache, new, starts)
 
     def tanh(self, x: Any) -> Any:
@@ -595,6 +595,16 @@ class _TensorFlowNamespace(KerasNamespace):
     #: forward+backward in multi-head self-attention under ``tf.function`` (batch 8,
     #: length 512, width 512, 8 heads, float32).
     fused_attention_pays = False
+    #: `write_cache` is XLA's dynamic update slice: outside XLA a new tensor (a copy of
+    #: the cache, as the select write), inside the loop `generate` compiles with XLA an
+    #: update of the loop's buffer itself.
+    writes_in_place = True
+
+    def write_cache(self, cache: Any, new: Any, index: Any) -> Any:
+        """``keras.ops.slice_update`` at position ``index`` of axis 2 (XLA's dynamic
+        update slice): in place where XLA compiles it into a loop that carries
+        ``cache``."""
+        return self._ops.slice_update(cache, (0, 0, index, 0), new)
 
     def custom_gradient(
         self,

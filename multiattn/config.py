@@ -61,6 +61,7 @@ __all__ = [
     "attention_memory_budget",
     "get_attention_memory_budget",
     "get_block_size",
+    "get_compiled_loop",
     "get_fused_attention",
     "get_fused_projections",
     "get_torch_onednn",
@@ -199,6 +200,7 @@ def settings(
     fused_attention: bool | None = _UNSET,
     torch_traced_step: bool | None = _UNSET,
     fused_projections: bool | None = _UNSET,
+    compiled_loop: bool | None = _UNSET,
 ) -> Iterator[None]:
     """Scoped settings: inside the block, the given values apply to every multiattn call
     in this thread or asyncio task (``with settings(attention_memory_budget="64MiB",
@@ -228,6 +230,12 @@ def settings(
             self-attention as one product over the three kernels joined, False as three
             products; None (the default) measures which is faster on the running machine,
             once per shape class (`multiattn.tuning.fused_projections_pay`).
+        compiled_loop: on jax and TensorFlow, whether greedy ``generate`` runs every
+            token after the prompt inside one compiled loop (True, the default; None
+            means the default): ``jax.lax.while_loop`` under ``jax.jit``, or
+            ``tf.while_loop`` compiled by XLA, with no return to Python between tokens.
+            False loops in Python over the compiled one-token step (as sampling always
+            does). Both give the same tokens. Read at each ``generate`` call.
 
     Values are read when a function is traced: under ``jax.jit`` and ``tf.function`` the
     values in force at tracing time are compiled in.
@@ -244,6 +252,7 @@ def settings(
         "fused_attention": fused_attention,
         "torch_traced_step": torch_traced_step,
         "fused_projections": fused_projections,
+        "compiled_loop": compiled_loop,
     }
     for name, value in flags.items():
         if value is not _UNSET:
@@ -330,6 +339,13 @@ def get_torch_traced_step() -> bool:
     """The innermost `settings` value of ``torch_traced_step`` (default True): whether
     ``generate`` replays a traced decoding step on Keras' torch backend."""
     value = _scoped.get().get("torch_traced_step")
+    return True if value is None else value
+
+
+def get_compiled_loop() -> bool:
+    """The innermost `settings` value of ``compiled_loop`` (default True): whether greedy
+    ``generate`` runs its tokens in one compiled loop on jax and TensorFlow."""
+    value = _scoped.get().get("compiled_loop")
     return True if value is None else value
 
 

@@ -374,19 +374,24 @@ def fused_attention_pays(
     query: Any,
     key: Any,
     value: Any,
-    explicit: Callable[[Any, Any, Any, Any, float], Any],
+    explicit: Callable[..., Any],
+    kv_heads_first: bool = False,
 ) -> bool:
     """True when the backend's fused attention (``ops.fused_attention``) is faster than
     the core's explicit path on the running machine for attention of this shape class.
 
     ``query`` ``(B, Tq, H, D)``, ``key`` ``(B, Tk, H, D)``, ``value`` ``(B, Tk, H, Dv)``
     as `multiattn.ops.attention.attend` passes them (as many key/value heads as query
-    heads); ``explicit(ops, q, k, v, scale)`` runs the explicit path without a mask and
-    returns its output. Both are timed without a mask on random inputs of the same dtype
+    heads), or with ``kv_heads_first`` (a KV cache) ``key`` ``(B, H, Tk, D)`` and
+    ``value`` ``(B, H, Tk, Dv)``: then the fused candidate moves them to ``(B, Tk, H, D)``
+    first, as the fused path does, and the explicit one reads them in place;
+    ``explicit(ops, q, k, v, scale, kv_heads_first)`` runs the explicit path without a
+    mask and returns its output. Both are timed without a mask on random inputs of the same dtype
     with ``Tk``, ``D`` and ``Dv`` of the call and as many of its ``B * H`` heads as fit
     `FLOP_CAP` (one head over the cap: as many of its ``Tq`` queries as fit, at least 64,
     so the explicit candidate's score matrix stays small); the class is the backend, its
-    device, the dtype, ``Tq`` and ``Tk`` rounded up to powers of two, ``D`` and ``Dv``.
+    device, the dtype, ``Tq`` and ``Tk`` rounded up to powers of two, ``D``, ``Dv`` and
+    the key/value layout.
     This compares the two paths that hold a whole score matrix: where the scores exceed
     the attention memory budget the alternative to a streaming fused kernel is the
     blockwise path, which this does not time. Eager calls time directly; under
@@ -400,7 +405,7 @@ def fused_attention_pays(
     fallback = bool(ops.fused_attention_pays)
     backend = ops.backend
     shape = [_static(d) for d in query.shape]
-    tk, dv = _static(key.shape[1]), _static(value.shape[-1])
+    tk, dv = _static(key.shape[2 if kv_heads_first else 1]), _static(value.shape[-1])
     b, tq, h, d = shape
     dtype = ops.dtype_name(query)
     device = _device(backend, query)
@@ -412,6 +417,7 @@ def fused_attention_pays(
         "keys": None if tk is None else bucket(tk),
         "dim": d,
         "value_dim": dv,
+        "kv_heads_first": kv_heads_first,
     }
     measurable, why = _can_time(ops, backend, query)
     if measurable and None in (tq, tk, h, d, dv):
@@ -431,17 +437,26 @@ def fused_attention_pays(
             rng.standard_normal((1, n, heads, width)).astype(np_dtype)
             for n, width in ((queries, d), (tk, d), (tk, dv))
         ]
+        if kv_heads_first:
+            arrays[1:] = [np.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in arrays[1:]]
         scale = 1.0 / math.sqrt(d)
+
+        def fused(q, k, v):
+            if kv_heads_first:
+                k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (k, v))
+            return ops.fused_attention(q, k, v, None, scale)
+
         fns = {
-            "fused": lambda q, k, v: ops.fused_attention(q, k, v, None, scale),
-            "explicit": lambda q, k, v: explicit(ops, q, k, v, scale),
+            "fused": fused,
+            "explicit": lambda q, k, v: explicit(ops, q, k, v, scale, kv_heads_first),
         }
         with _eager(backend):
             tensors = [ops.cast(ops.convert_to_tensor(a), dtype) for a in arrays]
             if device not in ("cpu", None) and backend == "torch":
                 tensors = [t.to(query.device) for t in tensors]
             runs = {name: _compiled(backend, fn, tensors) for name, fn in fns.items()}
-        timed = f"(1, {queries}, {heads}, {d}) queries, (1, {tk}, {heads}, {d}/{dv}) keys/values"
+        kv = f"(1, {heads}, {tk}, {d}/{dv})" if kv_heads_first else f"(1, {tk}, {heads}, {d}/{dv})"
+        timed = f"(1, {queries}, {heads}, {d}) queries, {kv} keys/values"
         return runs, timed
 
     fallback_choice = "fused" if fallback else "explicit"

@@ -12,10 +12,13 @@ inputs, in the same process, repeat by repeat beside multiattn's.
 
 Per case: **prefill ms** is the median time of ``generate(max_new_tokens=1)`` (the prompt
 through the cache, and one token); **tokens/s** is ``batch * (new_tokens - 1)`` over the
-median time of ``generate(max_new_tokens=new_tokens)`` minus the prefill, the rate of the
-steps after the prompt (None, printed ``noise``, where that difference is not positive:
-too few repeats on a busy machine). Timing runs each case once untimed first (compilation
-on jax and tensorflow, the recording of the step on torch).
+median, across repeats, of ``generate(max_new_tokens=new_tokens)``'s time minus that of
+the ``generate(max_new_tokens=1)`` run just before it: the rate of the steps after the
+prompt, each difference taken from two runs next to each other in time, so that a slow
+spell of the machine moves both (None, printed ``noise``, where that median is not
+positive). Timing runs each case once untimed first (compilation on jax and tensorflow,
+the recording of the step on torch). On torch, the repeats of transformers and of
+multiattn alternate.
 """
 
 from __future__ import annotations
@@ -60,13 +63,26 @@ def make_models(folder: Path, max_positions: int, seed: int = 0) -> dict[str, Pa
     return paths
 
 
-def _median_ms(fn, repeats: int) -> float:
-    times = []
+def _timed_s(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _paired_ms(runs: dict, new: int, repeats: int) -> dict[str, tuple[float, float, float]]:
+    """Per implementation, the medians (ms) of the prefill (``fn(1)``), of the whole
+    (``fn(new)``) and of their difference: each repeat times the two of one
+    implementation next to each other, then those of the next implementation."""
+    pairs: dict[str, list] = {impl: [] for impl in runs}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        for impl, fn in runs.items():
+            pairs[impl].append((_timed_s(lambda fn=fn: fn(1)), _timed_s(lambda fn=fn: fn(new))))
+    out = {}
+    for impl, timed in pairs.items():
+        prefill, total = zip(*timed)
+        steps = [t - p for p, t in timed]
+        out[impl] = tuple(statistics.median(x) * 1e3 for x in (prefill, total, steps))
+    return out
 
 
 def _cases(cfg: dict) -> list[tuple[str, int, int]]:
@@ -107,13 +123,11 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
         for n in (1, new):  # compile and warm every shape first
             for fn in runs.values():
                 fn(n)
-        for impl, fn in runs.items():
-            prefill = _median_ms(lambda fn=fn: fn(1), cfg["repeats"])
-            total = _median_ms(lambda fn=fn: fn(new), cfg["repeats"])
-            steps = total - prefill  # not positive: noise swamped the steps (None)
+        for impl, (prefill, total, steps) in _paired_ms(runs, new, cfg["repeats"]).items():
             rows.append({
                 "model": name, "prompt": prompt, "batch": batch, "implementation": impl,
                 "prefill_ms": prefill, "total_ms": total,
+                # not positive: noise swamped the steps (None)
                 "tokens_per_s": batch * (new - 1) / (steps / 1e3) if steps > 0 else None,
             })  # fmt: skip
         del model

@@ -247,7 +247,7 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
 
     def init_cache(self, batch_size: int, max_length: int, dtype: str | None = None):
         """An empty self-attention cache for ``max_length`` positions: zeros ``(batch_size,
-        max_length, H_kv, head_dim)`` for keys and for values (see
+        H_kv, max_length, head_dim)`` for keys and for values, heads first (see
         `MultiHeadAttention.init_cache`). Pass it as ``cache`` with ``cache_index=0``."""
         return self.self_attention.init_cache(batch_size, max_length, dtype)
 

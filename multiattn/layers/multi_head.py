@@ -68,8 +68,8 @@ def _clear_keras_mask(x: Any) -> None:
 
 
 def _write(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> Any:
-    """``cache`` ``(B, L, H, D)`` with ``new`` ``(B, t, H, D)`` written at positions
-    ``index .. index + t - 1``.
+    """``cache`` ``(B, H, L, D)`` (heads first) with ``new`` ``(B, t, H, D)`` written at
+    positions ``index .. index + t - 1``.
 
     A known ``index`` (a Python int, checked in range) is a slice write: the cache rows
     before and after the new tokens, and the tokens between them, joined along the
@@ -81,18 +81,18 @@ def _write(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> 
     Inside `multiattn._namespace.owned_caches` (``generate``), a namespace that
     ``writes_in_place`` writes ``new`` into ``cache`` itself (`_write_owned`).
     """
-    new = ops.cast(new, cache.dtype)
+    new = ops.transpose(ops.cast(new, cache.dtype), (0, 2, 1, 3))
     if ops.writes_in_place and caches_owned():
         return _write_owned(ops, cache, new, index, in_range)
     if not isinstance(index, int):
         return _write_select(ops, cache, new, index, in_range)
-    tokens, length = shape_of(new)[1], shape_of(cache)[1]
+    tokens, length = shape_of(new)[2], shape_of(cache)[2]
     parts = [new]
     if index > 0:
-        parts.insert(0, cache[:, :index])
+        parts.insert(0, cache[:, :, :index])
     if index + tokens < length:
-        parts.append(cache[:, index + tokens :])
-    return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
+        parts.append(cache[:, :, index + tokens :])
+    return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
 
 
 def _fused_linear(ops: Any, x: Any, kernels: list, biases: list) -> list:
@@ -118,21 +118,22 @@ def _fused_linear(ops: Any, x: Any, kernels: list, biases: list) -> list:
 
 
 def _write_owned(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> Any:
-    """`_write` into a cache its caller owns (`multiattn._namespace.owned_caches`): the
-    namespace's ``write_cache``, whose cost follows the tokens written. Where
-    ``in_range`` is False, the tokens at position 0 are written back unchanged."""
+    """`_write` of ``new`` ``(B, H, t, D)`` into a cache its caller owns
+    (`multiattn._namespace.owned_caches`): the namespace's ``write_cache``, whose cost
+    follows the tokens written. Where ``in_range`` is False, the tokens at position 0 are
+    written back unchanged."""
     if in_range is not None:
         index = ops.where(in_range, index, 0)
         zero = index * 0  # the starts of a dynamic slice share one integer dtype (JAX)
-        old = ops.slice(cache, (zero, index, zero, zero), shape_of(new))
+        old = ops.slice(cache, (zero, zero, index, zero), shape_of(new))
         new = ops.where(in_range, new, old)
     return ops.write_cache(cache, new, index)
 
 
 def _write_select(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> Any:
-    """`_write` at an index known only as a tensor: ``new`` is placed by a select against
-    the positions, and nothing is written where ``in_range`` (a scalar bool, or None) is
-    False.
+    """`_write` of ``new`` ``(B, H, t, D)`` at an index known only as a tensor: ``new``
+    is placed by a select against the positions, and nothing is written where
+    ``in_range`` (a scalar bool, or None) is False.
 
     Differentiable on every backend, under ``jax.jit``/``tf.function`` too (a traced
     index has no value to slice at). One token (the decoding step) is broadcast and
@@ -141,8 +142,7 @@ def _write_select(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = No
     modes, e.g. TF32 on GPUs, round it), at a cost that grows with ``t`` times the cache
     length.
     """
-    new = ops.cast(new, cache.dtype)
-    tokens, length = shape_of(new)[1], shape_of(cache)[1]
+    tokens, length = shape_of(new)[2], shape_of(cache)[2]
     # place[j, i]: cache position j receives token i (j == index + i)
     slots = ops.arange(length, dtype="int32")[:, None]
     place = ops.equal(slots, ops.arange(tokens, dtype="int32")[None, :] + index)
@@ -151,8 +151,8 @@ def _write_select(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = No
     if tokens == 1:
         spread = new  # broadcasts over the cache positions
     else:
-        spread = ops.einsum("lt,bthd->blhd", ops.cast(place, cache.dtype), new)
-    written = ops.any(place, axis=1)[None, :, None, None]
+        spread = ops.einsum("lt,bhtd->bhld", ops.cast(place, cache.dtype), new)
+    written = ops.any(place, axis=1)[None, None, :, None]
     return ops.where(written, spread, cache)
 
 
@@ -390,8 +390,10 @@ class MultiHeadAttention(keras.layers.Layer):
             decoding).
         return_weights: the same as ``return_attention_scores``.
         cache: incremental causal self-attention (decoding): the pair
-            ``(key_cache, value_cache)`` of ``init_cache``, ``(batch, max_length, H_kv, D)``
-            and ``(batch, max_length, H_kv, D_v)``. ``query`` ``(batch, t, E_q)`` holds the
+            ``(key_cache, value_cache)`` of ``init_cache``, heads first: ``(batch, H_kv,
+            max_length, D)`` and ``(batch, H_kv, max_length, D_v)`` (the layout of
+            transformers' caches; each head's positions are contiguous, so attention reads
+            them without moving them). ``query`` ``(batch, t, E_q)`` holds the
             tokens at positions ``cache_index .. cache_index + t - 1``; their keys and
             values are written into the cache at ``cache_index`` and each query attends to
             the cached positions up to its own. ``key_mask`` may then be given as
@@ -791,7 +793,10 @@ class MultiHeadAttention(keras.layers.Layer):
 
     # -- attention ---------------------------------------------------------------------------
 
-    def _attend(self, ops, q, k, v, keep, lens, causal, return_weights, training, bias=None):
+    def _attend(
+        self, ops, q, k, v, keep, lens, causal, return_weights, training, bias=None,
+        kv_heads_first=False,
+    ):  # fmt: skip
         # `score_scale` (set by subclasses such as T5's attention): the scores' multiplier.
         scale = getattr(self, "score_scale", None)
         return attend(
@@ -808,6 +813,7 @@ class MultiHeadAttention(keras.layers.Layer):
             seed=self.seed_generator,
             return_weights=return_weights,
             bias=bias,
+            kv_heads_first=kv_heads_first,
         )
 
     def _keep(
@@ -1004,15 +1010,15 @@ class MultiHeadAttention(keras.layers.Layer):
     # -- decoding and cross-attention helpers ----------------------------------------------
 
     def init_cache(self, batch_size: int, max_length: int, dtype: str | None = None):
-        """An empty self-attention cache: zeros ``(batch_size, max_length, H_kv, D)`` for
-        the keys and ``(batch_size, max_length, H_kv, D_v)`` for the values, in ``dtype``
+        """An empty self-attention cache: zeros ``(batch_size, H_kv, max_length, D)`` for
+        the keys and ``(batch_size, H_kv, max_length, D_v)`` for the values, in ``dtype``
         (default the compute dtype; a floating dtype, since an integer or bool cache would
         truncate the keys and values). Pass it as ``cache`` with ``cache_index=0``."""
         where = f"{self._WHERE}.init_cache"
         batch_size = check_positive_int(where, "batch_size", batch_size)
         max_length = check_positive_int(where, "max_length", max_length)
         dtype = self.compute_dtype if dtype is None else _cache_dtype(where, dtype)
-        shape = (batch_size, max_length, self.kv_heads)
+        shape = (batch_size, self.kv_heads, max_length)
         return (
             keras.ops.zeros((*shape, self.key_dim), dtype=dtype),
             keras.ops.zeros((*shape, self.value_dim), dtype=dtype),
@@ -1084,7 +1090,12 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"covers (rotary_max_length={self.rotary_max_length})."
             )
 
-    def _check_kv_pair(self, where: str, name: str, pair: Any, batch: Any) -> tuple[Any, Any]:
+    def _check_kv_pair(
+        self, where: str, name: str, pair: Any, batch: Any, heads_first: bool = False
+    ) -> tuple[Any, Any]:
+        """``(keys, values)`` of ``pair`` checked: ``(B, T, H_kv, D)`` and ``(B, T, H_kv,
+        D_v)``, or with ``heads_first`` (a cache) ``(B, H_kv, T, D)`` and ``(B, H_kv, T,
+        D_v)``."""
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise TypeError(
                 f"{where}: `{name}` must be a pair (keys, values); received {type(pair).__name__}."
@@ -1097,8 +1108,12 @@ class MultiHeadAttention(keras.layers.Layer):
                 )
             check_float(where, name, t, get_ops(t))
         ks, vs = shape_of(k), shape_of(v)
-        want_k = (batch, None, self.kv_heads, self.key_dim)
-        want_v = (batch, ks[1] if len(ks) == 4 else None, self.kv_heads, self.value_dim)
+        t = 2 if heads_first else 1
+        want_k = [batch, None, None, self.key_dim]
+        want_k[3 - t] = self.kv_heads
+        want_v = [*want_k[:3], self.value_dim]
+        want_v[t] = ks[t] if len(ks) == 4 else None
+        want_k, want_v = tuple(want_k), tuple(want_v)
         for label, got, want in (("keys", ks, want_k), ("values", vs, want_v)):
             if len(got) != 4 or any(
                 w is not None and g is not None and g != w for g, w in zip(got, want)
@@ -1123,9 +1138,10 @@ class MultiHeadAttention(keras.layers.Layer):
         attends over every slot with a mask. ``usable`` (``(batch, max_length)`` bool or
         None) removes the slots it marks False (padding)."""
         dtype = self.compute_dtype
-        max_length = shape_of(k_cache)[1]
+        max_length = shape_of(k_cache)[2]
         filled = index + tokens if isinstance(index, int) else max_length
-        keys, values = (ops.cast(c[:, :filled], dtype) for c in (k_cache, v_cache))
+        # Heads first, as cached: the explicit attention contracts them in place.
+        keys, values = (ops.cast(c[:, :, :filled], dtype) for c in (k_cache, v_cache))
         keep = None
         if not isinstance(index, int) or self.sliding_window is not None or usable is not None:
             # Query i (position index + i) sees the slots j <= index + i (in the window).
@@ -1141,7 +1157,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if bias is not None and shape_of(bias)[-1] != 1:
             bias = bias[..., :filled]  # a bias over the cache slots: those attended
         result = self._attend(
-            ops, q, keys, values, keep, None, causal, return_weights, training, bias
+            ops, q, keys, values, keep, None, causal, return_weights, training, bias, True
         )
         if not return_weights:
             return result, None
@@ -1177,8 +1193,8 @@ class MultiHeadAttention(keras.layers.Layer):
         """Incremental causal self-attention through a fixed-size cache (see ``call``)."""
         where = self._WHERE
         qs = shape_of(query)
-        k_cache, v_cache = self._check_kv_pair(where, "cache", cache, qs[0])
-        max_length = shape_of(k_cache)[1]
+        k_cache, v_cache = self._check_kv_pair(where, "cache", cache, qs[0], heads_first=True)
+        max_length = shape_of(k_cache)[2]
         if bias is not None:
             shape4 = (qs[0], self.num_heads, qs[1], max_length)
             bias = check_bias(ops, bias, shape4, where, "attention_bias")

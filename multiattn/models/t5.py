@@ -27,7 +27,7 @@ import numpy as np
 from .._checks import check_positive_int
 from ..layers import FeedForward, MultiHeadAttention, RMSNormalization
 from .bert import assign_weight
-from .generation import GenerationMixin, _int_or_none, prompt_arrays
+from .generation import GenerationMixin, _int_or_none, prompt_arrays, step_index, step_token
 
 __all__ = ["T5Attention", "T5Block", "T5ForConditionalGeneration", "relative_buckets"]
 
@@ -323,7 +323,7 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
         ``cross`` (one pair per block). Returns ``(logits (batch, vocab_size), new
         caches)``."""
         x = self._embed(ids)
-        slots = keras.ops.shape(caches[0][0])[1]
+        slots = keras.ops.shape(caches[0][0])[2]
         index = keras.ops.convert_to_tensor(index)
         bias = self._position_bias(keras.ops.reshape(index, (1,)), slots, decoder=True)
         new = []
@@ -358,8 +358,7 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
         return logits, {"caches": caches, "cross": cross, "memory_mask": memory_keep}, start
 
     def _advance(self, step, token, t, state) -> Any:
-        index = np.asarray(t + 1, np.int32)
-        logits, state["caches"] = step(token[:, None].astype(np.int32), state["caches"], index,
+        logits, state["caches"] = step(step_token(token), state["caches"], step_index(t + 1),
                                        state["cross"], state["memory_mask"])  # fmt: skip
         return logits
 

@@ -104,6 +104,7 @@ def attend(
     return_weights: bool = False,
     block_size: tuple[int, int] | None = None,
     bias: Any = None,
+    kv_heads_first: bool = False,
 ) -> Any:
     """Attention on validated ``(batch, seq, heads, dim)`` arrays (internal).
 
@@ -136,6 +137,9 @@ def attend(
             caller), added to the scaled scores before the masked softmax, in the compute
             dtype; or None. It keeps the call off the fused path (the planner's
             ``bias``) and is differentiable on the explicit and blockwise paths.
+        kv_heads_first: ``key`` and ``value`` come heads first, ``(B, Hkv, Tk, D)`` and
+            ``(B, Hkv, Tk, Dv)`` (a KV cache's layout): the explicit path contracts them
+            where they are; the other paths move them to ``(B, Tk, Hkv, D)`` first.
 
     Returns:
         ``(B, Tq, H, Dv)``, and the weights ``(B, H, Tq, Tk)`` when ``return_weights``.
@@ -150,7 +154,10 @@ def attend(
     if bias is not None:
         bias = _rank4(ops, ops.cast(bias, ops.dtype_name(query)))
     wanted = (bool(return_weights), dropout > 0.0 and bool(training))
-    spec = _spec(ops, (query, key, value), keep, valid_lens, causal, dtype, block_size, wanted)
+    spec = _spec(
+        ops, (query, key, value), keep, valid_lens, causal, dtype, block_size, wanted,
+        kv_heads_first,
+    )  # fmt: skip
     spec = dataclasses.replace(spec, bias=bias is not None)
     forced = config.get_fused_attention()
     if forced is not None:
@@ -159,13 +166,13 @@ def attend(
         spec = dataclasses.replace(
             spec,
             fused_faster=tuning.fused_attention_pays(
-                ops, query, key, value, explicit=_explicit_unmasked
+                ops, query, key, value, _explicit_unmasked, kv_heads_first
             ),
         )
     how = plan.plan_attention(spec)
     sizes = tuple(
-        s if s is not None else ops.shape(t)[1]
-        for s, t in ((spec.queries, query), (spec.keys, key))
+        s if s is not None else ops.shape(t)[axis]
+        for s, t, axis in ((spec.queries, query, 1), (spec.keys, key, 1 + kv_heads_first))
     )
     causal = spec.effective_causal
     lens4 = lens_rank4(ops, valid_lens)
@@ -180,9 +187,13 @@ def attend(
 
     def run(q: Any, k: Any, v: Any, scores: list | None = None) -> tuple:
         """``(out,)`` or ``(out, weights)`` of the planned path on ``q, k, v``."""
+        heads_first = kv_heads_first and how.path == "explicit"
+        k, v = _seq_major(ops, k, v, kv_heads_first and not heads_first)
         if how.path == "blockwise":
             return (_blockwise(ops, q, k, v, keep, valid_lens, how, scale, bias),)
-        out, weights = _direct_attention(ops, q, k, v, keep, how, scale, drop, bias, scores)
+        out, weights = _direct_attention(
+            ops, q, k, v, keep, how, scale, drop, bias, scores, heads_first
+        )
         return (out,) if weights is None else (out, weights)
 
     inputs = (query, key, value)
@@ -194,7 +205,7 @@ def attend(
         # a NaN query): if there are any, the attention runs on the inputs with them
         # replaced by 0, and `_poison_rows` gives NaN to the rows that attend them.
         def exact(results: tuple) -> tuple:
-            return _poison_rows(ops, results, inputs, keep, lens4, causal, sizes)
+            return _poison_rows(ops, results, inputs, keep, lens4, causal, sizes, kv_heads_first)
 
         if _screens_scores(how, spec):
             scores: list = []
@@ -224,6 +235,7 @@ def _spec(
     dtype: str,
     block_size: tuple[int, int] | None,
     wanted: tuple[bool, bool],
+    kv_heads_first: bool = False,
 ) -> plan.AttentionSpec:
     """The static facts of a call of `attend`: ``inputs`` (query, key, value) in the
     compute dtype, ``keep`` rank 4 or None, ``dtype`` the callers' dtype, ``wanted`` the
@@ -231,6 +243,8 @@ def _spec(
     query, key, value = inputs
     batch, queries, heads = shape_of(query)[:3]
     keys, kv_heads = shape_of(key)[1], shape_of(key)[2]
+    if kv_heads_first:
+        keys, kv_heads = kv_heads, keys
     lengths = "none"
     if valid_lens is not None:
         lengths = "per_sequence" if len(shape_of(valid_lens)) == 1 else "per_query"
@@ -253,6 +267,13 @@ def _spec(
         traced=bool(ops.is_symbolic(query)),
         block_size=block_size if block_size is not None else config.get_block_size(),
     )
+
+
+def _seq_major(ops: Any, key: Any, value: Any, heads_first: bool) -> tuple[Any, Any]:
+    """``key`` and ``value`` as ``(B, Tk, Hkv, D)``: moved there when ``heads_first``."""
+    if not heads_first:
+        return key, value
+    return ops.transpose(key, (0, 2, 1, 3)), ops.transpose(value, (0, 2, 1, 3))
 
 
 def _rank4(ops: Any, x: Any) -> Any:
@@ -300,10 +321,18 @@ def _replace_non_finite(ops: Any, tensors: tuple) -> tuple:
 
 
 def _poison_rows(
-    ops: Any, results: tuple, inputs: tuple, keep: Any, lens: Any, causal: bool, sizes: tuple
+    ops: Any,
+    results: tuple,
+    inputs: tuple,
+    keep: Any,
+    lens: Any,
+    causal: bool,
+    sizes: tuple,
+    kv_heads_first: bool = False,
 ) -> tuple:
     """The results of attention computed on `_replace_non_finite` of ``inputs`` (query,
-    key, value ``(B, T, H, D)``, the key/value heads possibly grouped), with NaN on the
+    key, value ``(B, T, H, D)``, the key/value heads possibly grouped, or with
+    ``kv_heads_first`` key and value ``(B, H, T, D)``), with NaN on the
     rows that may attend a position (key or value) holding a NaN or an infinity, or whose
     own query holds one and that may attend anything. ``results`` is ``(out,)`` (``(B,
     Tq, H, Dv)``) or ``(out, weights)`` (``(B, H, Tq, Tk)``); the weights get NaN on the
@@ -318,17 +347,20 @@ def _poison_rows(
     query, key, value = inputs
     heads = shape_of(query)[2]
 
-    def bad_rows(t: Any) -> Any:  # (B, T, H|H_kv, D) -> (B, H, T): the row holds a non-finite entry
+    def bad_rows(t: Any, heads_first: bool) -> Any:
+        """(B, T, H|H_kv, D) or heads first -> (B, H, T): the row holds a non-finite entry."""
+        if heads_first:
+            t = ops.transpose(t, (0, 2, 1, 3))
         bad = ops.any(ops.logical_not(ops.isfinite(t)), axis=-1, keepdims=True)
         bad = repeat_kv_heads(ops, bad, heads // shape_of(t)[2])  # grouped heads: a bool each
         return ops.transpose(bad[..., 0], (0, 2, 1))
 
-    poisoned = ops.expand_dims(bad_rows(query), 3)  # (B, H, Tq, 1)
+    poisoned = ops.expand_dims(bad_rows(query, False), 3)  # (B, H, Tq, 1)
     attends_any = rows_attending(ops, keep, lens, causal, sizes, None)
     if attends_any is not None:
         poisoned = ops.logical_and(poisoned, attends_any)
     for i, t in enumerate((key, value)):
-        bad_keys = ops.expand_dims(bad_rows(t), 2)  # (B, H, 1, Tk)
+        bad_keys = ops.expand_dims(bad_rows(t, kv_heads_first), 2)  # (B, H, 1, Tk)
         poisoned = ops.logical_or(
             poisoned, rows_attending(ops, keep, lens, causal, sizes, bad_keys)
         )
@@ -338,10 +370,14 @@ def _poison_rows(
     return (out,) if len(results) == 1 else (out, weights)
 
 
-def _explicit_unmasked(ops: Any, query: Any, key: Any, value: Any, scale: float) -> Any:
+def _explicit_unmasked(
+    ops: Any, query: Any, key: Any, value: Any, scale: float, kv_heads_first: bool = False
+) -> Any:
     """The explicit path without a mask (the candidate `tuning` times against the fused
     kernel)."""
-    return _explicit_attention(ops, query, key, value, None, scale, 0.0, False, None, False)[0]
+    return _explicit_attention(
+        ops, query, key, value, None, scale, 0.0, False, None, False, None, None, kv_heads_first
+    )[0]
 
 
 class _Dropout(NamedTuple):
@@ -362,6 +398,7 @@ def _direct_attention(
     drop: _Dropout | None = None,
     bias: Any = None,
     scores: list | None = None,
+    kv_heads_first: bool = False,
 ) -> tuple[Any, Any]:
     """The fused or the explicit path of ``how``: the whole ``(B, H, Tq, Tk)`` score
     matrix at once (unless the backend's fused kernel streams). ``keep`` is rank 4 or
@@ -374,7 +411,7 @@ def _direct_attention(
     rate, seed = drop if drop is not None else (0.0, None)
     return _explicit_attention(
         ops, query, key, value, keep, scale, rate, drop is not None, seed, how.weights, bias,
-        scores,
+        scores, kv_heads_first,
     )  # fmt: skip
 
 
@@ -426,7 +463,7 @@ def _blockwise(
 
 def _explicit_attention(
     ops, query, key, value, keep, scale, dropout, training, seed, return_weights, bias=None,
-    raw_scores=None,
+    raw_scores=None, kv_heads_first=False,
 ):  # fmt: skip
     """Scores, masked softmax and weighted sum, in head-major layout; returns the output
     and, with ``return_weights``, the weights (else None).
@@ -450,11 +487,13 @@ def _explicit_attention(
     weights come out ``(B, H, Tq, Tk)`` as without groups.
 
     ``raw_scores``, a list, receives the scores ``(B, H, Tq, Tk)`` before bias and mask
-    (for `_screens_scores`).
+    (for `_screens_scores`). With ``kv_heads_first``, ``key`` and ``value`` are already
+    ``(B, H_kv, Tk, D)`` and are contracted where they are (a KV cache, read in place).
     """
     q = ops.transpose(query * scale, (0, 2, 1, 3))
-    k = ops.transpose(key, (0, 2, 1, 3))
-    v = ops.transpose(value, (0, 2, 1, 3))
+    k, v = key, value
+    if not kv_heads_first:
+        k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (key, value))
     heads, kv_heads = shape_of(q)[1], shape_of(k)[1]
     if heads == kv_heads:
         scores = ops.einsum("bhqd,bhkd->bhqk", q, k)

@@ -394,7 +394,7 @@ def test_decoder_only_block_against_oracle_full_and_cached(family, dtype):
     assert_close(layer(xt), want, dtype, BLOCK_TOL)
     by_token, cache = decode(layer, xt, [1] * 6, 8)
     assert_close(by_token, want, dtype, BLOCK_TOL)
-    assert np.all(to_np(cache[0])[:, 6:] == 0.0)
+    assert np.all(to_np(cache[0])[:, :, 6:] == 0.0)
     by_chunk, _ = decode(layer, xt, [2, 3, 1], 6)
     assert_close(by_chunk, want, dtype, BLOCK_TOL)
 
@@ -468,7 +468,7 @@ def test_decoder_only_block_shapes_property(case):
     want = block_oracle(layer, x)
     assert_close(layer(xt), want, "float32", BLOCK_TOL)
     got, cache = decode(layer, xt, [1] * case["length"], case["length"] + case["spare"])
-    assert tuple(cache[0].shape)[1:3] == (case["length"] + case["spare"], case["kv_heads"])
+    assert tuple(cache[0].shape)[1:3] == (case["kv_heads"], case["length"] + case["spare"])
     assert_close(got, want, "float32", BLOCK_TOL)
 
 

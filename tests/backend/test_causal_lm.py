@@ -262,11 +262,11 @@ def test_compiled_step_matches_eager(tmp_path, monkeypatch):
     np.testing.assert_array_equal(model.generate(ids, **args), compiled)
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="the compiled prefill is jax's")
-def test_jax_prefill_is_compiled_once_and_matches_the_eager_step(tmp_path):
-    """On jax the prompt goes through the caches under ``jax.jit`` (the index static, the
-    caches donated), compiled once per prompt shape; its logits and caches are the eager
-    step's to float32 rounding."""
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="compiled on jax and TF")
+def test_prefill_is_compiled_once_and_matches_the_eager_step(tmp_path):
+    """On jax and TensorFlow the prompt goes through the caches compiled by XLA (the
+    index static; on jax the caches donated), once per prompt shape; its logits and
+    caches are the eager step's to float32 rounding."""
     from multiattn.config import owned_caches
 
     _build("llama3", tmp_path / "m")
@@ -288,8 +288,11 @@ def test_jax_prefill_is_compiled_once_and_matches_the_eager_step(tmp_path):
 
 def test_compiled_step_is_kept_and_follows_new_weights(tmp_path):
     """The compiled step is made once for later generate calls; after the weights change
-    the generated tokens are those of the new weights (a jax trace holds the values it
-    was traced with, so the step is compiled again)."""
+    the generated tokens (of the compiled loop on jax and TensorFlow) are those of the
+    new weights in the eager step: the compiled functions read the weights as arguments
+    or variables, not as constants of their trace."""
+    from multiattn import config
+
     _build("llama", tmp_path / "m")
     model = from_pretrained(tmp_path / "m")
     ids, mask = _batch()
@@ -306,7 +309,8 @@ def test_compiled_step_is_kept_and_follows_new_weights(tmp_path):
     original = type(layer)._compiled_step
     try:
         type(layer)._compiled_step = lambda self: self.step
-        want = eager(*_decode_args(ids, mask, 6))
+        with config.settings(compiled_loop=False):
+            want = eager(*_decode_args(ids, mask, 6))
     finally:
         type(layer)._compiled_step = original
     np.testing.assert_array_equal(again, want)
@@ -362,7 +366,7 @@ def test_torch_traced_step_guards_the_branch_it_recorded(tmp_path):
         clean = step(*args)[0]
         assert rel_err(to_np(clean), to_np(layer.step(*args)[0])) < 1e-5
         poisoned = [(k.clone(), v.clone()) for k, v in caches]
-        poisoned[0][0][1, 0] = float("nan")  # row 1 starts with padding: slot 0 masked
+        poisoned[0][0][1, :, 0] = float("nan")  # row 1 starts with padding: slot 0 masked
         args = (token, where, poisoned, np.asarray(seq, np.int32), slots)
         want = to_np(layer.step(*args)[0])
         got = to_np(step(*args)[0])
@@ -388,6 +392,41 @@ def test_torch_step_that_cannot_be_recorded_runs_eagerly(tmp_path, monkeypatch):
         got = model.generate(ids, attention_mask=mask, max_new_tokens=5)
     np.testing.assert_array_equal(got, want)
     assert isinstance(model.layer._compiled_step(), TracedStep)
+
+
+@pytest.mark.parametrize("ends", ["none", "one row", "every row"])
+def test_compiled_loop_gives_the_python_loop_tokens(tmp_path, ends):
+    """Greedy generate runs its tokens in one compiled loop on jax and TensorFlow (kept
+    on the model); it gives the tokens of the Python loop over the compiled step, end of
+    sequence, padding after it and the early stop when every row has ended included."""
+    from multiattn import config
+
+    _build("llama", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids, mask = _batch()
+    greedy = model.generate(ids, attention_mask=mask, max_new_tokens=8)
+    eos = {"none": None, "one row": int(greedy[0, 11]),
+           "every row": [int(greedy[0, 10]), int(greedy[1, 12])]}[ends]  # fmt: skip
+    args = {"attention_mask": mask, "max_new_tokens": 8, "eos_token_id": eos, "pad_token_id": 3}
+    got = model.generate(ids, **args)
+    compiled = BACKEND in ("jax", "tensorflow")
+    assert ("_multiattn_loop" in model.layer.__dict__) == compiled
+    with config.settings(compiled_loop=False):
+        want = model.generate(ids, **args)
+    np.testing.assert_array_equal(got, want)
+    if ends == "every row":
+        assert got.shape[1] < ids.shape[1] + 8
+
+
+def test_compiled_loop_setting_takes_a_bool():
+    from multiattn import config
+
+    with pytest.raises(TypeError, match="compiled_loop"):
+        with config.settings(compiled_loop=1):
+            pass
+    with config.settings(compiled_loop=False):
+        assert config.get_compiled_loop() is False
+    assert config.get_compiled_loop() is True
 
 
 def test_traced_step_setting_takes_a_bool():

@@ -129,6 +129,39 @@ def test_grouped_query_paths_agree_with_fully_masked_rows(path):
     assert np.all(to_np(got)[lens == 0] == 0.0)
 
 
+@pytest.mark.parametrize("path", ["fused", "explicit", "blockwise"])
+@pytest.mark.parametrize("poison", [None, "masked", "attended"])
+def test_heads_first_keys_and_values_give_the_same_attention(path, poison):
+    """`attend` with the keys and values heads first (``kv_heads_first``, a KV cache's
+    layout) computes what it computes on ``(B, T, H, D)`` on every path, grouped heads,
+    a mask, and a NaN key at a masked or an attended position included (the NaN row
+    rule holds on either layout), weights too on the explicit path."""
+    from multiattn import config
+
+    b, tq, tk, h, kv, d = 2, 3, 6, 4, 2, 3
+    q = RNG.standard_normal((b, tq, h, d))
+    k, v = RNG.standard_normal((b, tk, kv, d)), RNG.standard_normal((b, tk, kv, d))
+    lens = np.array([4, 6])
+    if poison is not None:
+        k[0, 5 if poison == "masked" else 1, 1, 2] = np.nan  # row 0 attends keys 0..3
+    args = [cast(x, "float32") for x in (q, k, v)]
+    ns = get_ops(args[0])
+    first = [ns.transpose(x, (0, 2, 1, 3)) for x in args[1:]]
+    kw = dict(valid_lens=keras.ops.convert_to_tensor(lens, "int32"), scale=0.5)
+    if path == "blockwise":
+        kw["block_size"] = (2, 3)
+    else:
+        kw["return_weights"] = path == "explicit"
+    with config.settings(fused_attention=path == "fused"):
+        want = attend(ns, *args, **kw)
+        got = attend(ns, args[0], *first, kv_heads_first=True, **kw)
+    for g, w in zip(*((x,) if path != "explicit" else x for x in (got, want))):
+        np.testing.assert_allclose(to_np(g), to_np(w), rtol=1e-6, atol=1e-6)
+    out = to_np(got[0] if path == "explicit" else got)
+    assert np.isnan(out[0]).any() == (poison == "attended")
+    assert np.isfinite(out[1]).all()
+
+
 @st.composite
 def gqa_case(draw):
     kv = draw(st.sampled_from([1, 2, 3]))
@@ -246,7 +279,7 @@ def test_cache_step_by_step_equals_full_causal_pass(dtype, kv_heads, rotary, val
     full = layer(xt, xt, causal=True)
     assert_close(full, want, dtype, LAYER_TOL)
     cache = layer.init_cache(2, 9)
-    assert tuple(cache[0].shape) == (2, 9, kv_heads, 4)
+    assert tuple(cache[0].shape) == (2, kv_heads, 9, 4)  # heads first
     outs = []
     for t in range(6):
         out, cache = layer(xt[:, t : t + 1], cache=cache, cache_index=t)
@@ -258,7 +291,7 @@ def test_cache_step_by_step_equals_full_causal_pass(dtype, kv_heads, rotary, val
     b, cache = layer(xt[:, 2:], cache=cache, cache_index=2)
     assert_close(np.concatenate([to_np(a), to_np(b)], 1), want, dtype, LAYER_TOL)
     # positions never written stay zero
-    assert np.all(to_np(cache[0])[:, 6:] == 0.0)
+    assert np.all(to_np(cache[0])[:, :, 6:] == 0.0)
 
 
 def test_cache_under_compilation_with_tensor_index():
@@ -299,7 +332,7 @@ def test_owned_cache_writes_in_place_and_equal_the_copying_writes(dtype, index_k
     np.testing.assert_array_equal(written, copied)
     for a, b in zip(written_cache, copied_cache):
         np.testing.assert_array_equal(a, b)
-    assert np.all(copied_cache[0][:, 5:] == 0.0) and np.any(copied_cache[0][:, :5] != 0.0)
+    assert np.all(copied_cache[0][:, :, 5:] == 0.0) and np.any(copied_cache[0][:, :, :5] != 0.0)
     if BACKEND in ("torch", "numpy"):  # the write went into the caller's buffers
         assert all(f is g for f, g in zip(final, given))
 
@@ -525,7 +558,7 @@ def test_cache_index_of_every_integer_kind_matches_the_full_pass(case):
         _, cache = layer(xt[:, :index], cache=cache, cache_index=0)
     got, cache = layer(xt[:, index:], cache=cache, cache_index=as_index(index, kind))
     assert_close(got, want, "float32", LAYER_TOL)
-    written = np.abs(to_np(cache[0])).sum(axis=(0, 2, 3)) > 0
+    written = np.abs(to_np(cache[0])).sum(axis=(0, 1, 3)) > 0
     assert written[: index + tokens].all() and not written[index + tokens :].any()
 
 
@@ -880,7 +913,7 @@ def test_cached_step_attends_over_the_filled_prefix_only(monkeypatch, return_wei
 
 
 def shape_of_keys(k) -> int:
-    return int(k.shape[1])
+    return int(k.shape[2])  # the cache's keys reach attention heads first
 
 
 def test_cache_slice_write_equals_the_select_write(monkeypatch):
@@ -890,10 +923,12 @@ def test_cache_slice_write_equals_the_select_write(monkeypatch):
     import multiattn.layers.multi_head as mh
 
     ns = get_ops(cast(np.zeros(1), "float32"))
-    cache = cast(rounded(RNG.standard_normal((2, 7, 2, 3)), "float32"), "float32")
+    cache = cast(rounded(RNG.standard_normal((2, 2, 7, 3)), "float32"), "float32")
     for index, tokens in ((0, 1), (0, 4), (3, 2), (6, 1), (0, 7), (2, 5)):
         new = cast(rounded(RNG.standard_normal((2, tokens, 2, 3)), "float32"), "float32")
-        want = to_np(mh._write_select(ns, cache, new, ns.convert_to_tensor(index)))
+        heads_first = ns.transpose(new, (0, 2, 1, 3))
+        want = to_np(mh._write_select(ns, cache, heads_first, ns.convert_to_tensor(index)))
+        assert (want[:, :, index : index + tokens] == to_np(heads_first)).all()
         np.testing.assert_array_equal(to_np(mh._write(ns, cache, new, index)), want)
 
     def no_select(*args, **kwargs):

@@ -210,10 +210,10 @@ def test_real_measurement_is_recorded(routes):
 # --- fused or explicit attention ------------------------------------------------------
 
 
-def _explicit(ops, q, k, v, scale):
-    from multiattn.ops.attention import _explicit_attention
+def _explicit(ops, q, k, v, scale, kv_heads_first=False):
+    from multiattn.ops.attention import _explicit_unmasked
 
-    return _explicit_attention(ops, q, k, v, None, scale, 0.0, False, None, False)[0]
+    return _explicit_unmasked(ops, q, k, v, scale, kv_heads_first)
 
 
 def _qkv(tq: int, tk: int, heads: int = 2, dim: int = 4):

@@ -335,7 +335,7 @@ def test_cached_decoding_gives_the_causal_pass(dtype):
         out, cache = layer(x[:, t : t + 1], cache=cache, cache_index=t)
         outs.append(out)
     assert_close(paddle.concat(outs, 1), to_np(full), dtype, TOL[dtype])
-    assert tuple(cache[0].shape) == (2, 6, 1, 4)  # one key/value head kept
+    assert tuple(cache[0].shape) == (2, 1, 6, 4)  # one key/value head kept, heads first
 
 
 def test_training_mode_drives_dropout_and_seeds_repeat():
