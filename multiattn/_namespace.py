@@ -351,6 +351,27 @@ class _NumpyNamespace(KerasNamespace):
         return self._ops.einsum(subscripts, *operands)
 
 
+def _xla_cache_write(ops: Any, cache: Any, new: Any, index: Any) -> Any:
+    """`Namespace.write_cache` where XLA compiles the write (jax, TensorFlow): a dynamic
+    update slice (``keras.ops.slice_update``), except one token into a cache of batch
+    one, which is a select against the positions.
+
+    XLA:CPU reads a cache of batch one in attention through a bitcast that drops the unit
+    batch axis; it then duplicates the dynamic update slice into that read and copies the
+    cache about three times per step. The select is one fused read and write of the
+    cache. Per token of greedy ``generate`` on jax (GPT-2 shape, 4 layers, prompt 128,
+    batch 1): 0.80 ms with the dynamic update slice, 0.60 ms with the select; at batch 8
+    the dynamic update slice was the faster (Llama shape, prompt 512: 1.53 ms against
+    2.20 ms)."""
+    length = cache.shape[2]
+    if cache.shape[0] == 1 and new.shape[2] == 1:
+        target = index if isinstance(index, int) else ops.cast(index, "int32")
+        slot = ops.equal(ops.arange(length, dtype="int32"), target)
+        return ops.where(slot[None, None, :, None], new, cache)
+    zero = 0 if isinstance(index, int) else index * 0  # starts of one dtype (JAX x64)
+    return ops.slice_update(cache, (zero, zero, index, zero), new)
+
+
 #: The guards of the recording under way (see `torch_trace_guards`), or None.
 _TRACE_GUARDS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "multiattn_torch_trace_guards", default=None
@@ -536,13 +557,9 @@ class _JaxNamespace(KerasNamespace):
     writes_in_place = True
 
     def write_cache(self, cache: Any, new: Any, index: Any) -> Any:
-        """``jax.lax.dynamic_update_slice``: a new array eagerly, an update of the
-        buffer itself under ``jax.jit`` where ``cache`` is a donated argument."""
-        import jax
-
-        zero = index * 0  # the starts share one integer dtype (int64 ints under x64)
-        starts = (zero, zero, index) + (zero,) * (cache.ndim - 3)
-        return jax.lax.dynamic_update_slice(cache, new, starts)
+        """`_xla_cache_write`: a new array eagerly, an update of the buffer itself under
+        ``jax.jit`` where ``cache`` is a donated argument."""
+        return _xla_cache_write(self._ops, cache, new, index)
 
     def tanh(self, x: Any) -> Any:
         """``keras.ops.tanh`` that keeps float64 (Keras' jax backend returns float32)."""
@@ -601,10 +618,9 @@ class _TensorFlowNamespace(KerasNamespace):
     writes_in_place = True
 
     def write_cache(self, cache: Any, new: Any, index: Any) -> Any:
-        """``keras.ops.slice_update`` at position ``index`` of axis 2 (XLA's dynamic
-        update slice): in place where XLA compiles it into a loop that carries
+        """`_xla_cache_write`: in place where XLA compiles it into a loop that carries
         ``cache``."""
-        return self._ops.slice_update(cache, (0, 0, index, 0), new)
+        return _xla_cache_write(self._ops, cache, new, index)
 
     def custom_gradient(
         self,

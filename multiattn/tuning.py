@@ -395,8 +395,10 @@ def fused_attention_pays(
     This compares the two paths that hold a whole score matrix: where the scores exceed
     the attention memory budget the alternative to a streaming fused kernel is the
     blockwise path, which this does not time. Eager calls time directly; under
-    ``jax.jit`` and ``tf.function`` the candidates are compiled and timed at trace time
-    outside the trace. Where nothing can be timed (Keras symbolic tensors, ``torch.compile``,
+    ``jax.jit`` and ``tf.function`` the candidates are compiled as the caller is (on
+    TensorFlow with XLA where the caller's graph is, a part of the class) and timed at
+    trace time outside the trace, each call running the candidate as many times as reach
+    `FLOP_CAP` in a compiled loop (`_compiled`). Where nothing can be timed (Keras symbolic tensors, ``torch.compile``,
     a length unknown at trace time) the class's earlier decision is used, else the
     namespace's ``fused_attention_pays`` (`multiattn._contract.Namespace`).
     """
@@ -419,6 +421,9 @@ def fused_attention_pays(
         "value_dim": dv,
         "kv_heads_first": kv_heads_first,
     }
+    how = _Compilation.of(ops, query)
+    if backend == "tensorflow":
+        cls["xla"] = how.xla
     measurable, why = _can_time(ops, backend, query)
     if measurable and None in (tq, tk, h, d, dv):
         measurable, why = False, "a length or width unknown at trace time"
@@ -454,10 +459,11 @@ def fused_attention_pays(
             tensors = [ops.cast(ops.convert_to_tensor(a), dtype) for a in arrays]
             if device not in ("cpu", None) and backend == "torch":
                 tensors = [t.to(query.device) for t in tensors]
-            runs = {name: _compiled(backend, fn, tensors) for name, fn in fns.items()}
+            passes = how.passes(2 * heads * queries * tk * (d + dv))
+            runs = {name: _compiled(backend, fn, tensors, how, passes) for name, fn in fns.items()}
         kv = f"(1, {heads}, {tk}, {d}/{dv})" if kv_heads_first else f"(1, {tk}, {heads}, {d}/{dv})"
-        timed = f"(1, {queries}, {heads}, {d}) queries, {kv} keys/values"
-        return runs, timed
+        looped = f", {passes} passes per call" if passes > 1 else ""
+        return runs, f"(1, {queries}, {heads}, {d}) queries, {kv} keys/values{looped}"
 
     fallback_choice = "fused" if fallback else "explicit"
     choice = _decide_eagerly("attention", cls, candidates, fallback_choice, measurable, why)
@@ -482,9 +488,11 @@ def fused_projections_pay(
     least 64 rows; four times the usual cap, because the joined candidate also joins the
     kernels on every call, a cost that does not shrink with the rows); the class is the backend, its device, the dtype, the rows (``x``'s
     leading sizes multiplied) rounded up to a power of two, ``E``, the three output widths
-    and whether there are biases. Eager calls time directly; under ``jax.jit`` and
-    ``tf.function`` the candidates are compiled and timed at trace time outside the
-    trace. Where nothing can be timed (Keras symbolic tensors, ``torch.compile`` and
+    and whether there are biases (and on TensorFlow whether XLA compiles the caller).
+    Eager calls time directly; under ``jax.jit`` and ``tf.function`` the candidates are
+    compiled as the caller is and timed at trace time outside the trace, each call
+    running the candidate as many times as reach `FLOP_CAP` in a compiled loop
+    (`_compiled`). Where nothing can be timed (Keras symbolic tensors, ``torch.compile`` and
     ``torch.jit``, a size unknown at trace time) the class's earlier decision is used,
     else three products.
     """
@@ -502,12 +510,16 @@ def fused_projections_pay(
         "out": widths,
         "bias": biases[0] is not None,
     }
+    how = _Compilation.of(ops, x)
+    if backend == "tensorflow":
+        cls["xla"] = how.xla
     measurable, why = _can_time(ops, backend, x)
     if measurable and (rows is None or dims[-1] is None or 0 in widths):
         measurable, why = False, "a size unknown at trace time"
 
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
         n = min(rows, max(64, 4 * FLOP_CAP // max(2 * dims[-1] * sum(widths), 1)))
+        passes = how.passes(2 * n * dims[-1] * sum(widths))
         rng = np.random.default_rng(0)
         np_dtype = "float64" if dtype == "float64" else "float32"
 
@@ -523,8 +535,10 @@ def fused_projections_pay(
                 "separate": lambda x, *w: [ops.linear(x, k, b) for k, b in zip(w[:3], w[3:])],
                 "fused": lambda x, *w: fused(ops, x, list(w[:3]), list(w[3:])),
             }
-            runs = {name: _compiled(backend, fn, [xs, *ks, *bs]) for name, fn in fns.items()}
-        return runs, f"({n}, {dims[-1]}) inputs, kernels to {widths}"
+            tensors = [xs, *ks, *bs]
+            runs = {name: _compiled(backend, fn, tensors, how, passes) for name, fn in fns.items()}
+        looped = f", {passes} passes per call" if passes > 1 else ""
+        return runs, f"({n}, {dims[-1]}) inputs, kernels to {widths}{looped}"
 
     return _decide_eagerly("fused-qkv", cls, candidates, "separate", measurable, why) == "fused"
 
@@ -604,18 +618,77 @@ def _eager(backend: str) -> Any:
     return contextlib.nullcontext()
 
 
-def _compiled(backend: str, fn: Callable[..., Any], tensors: list) -> Callable[[], Any]:
+@dataclass(frozen=True)
+class _Compilation:
+    """How the caller's code is compiled, for timing candidates the same way: whether it
+    is traced (``jax.jit``, ``tf.function``) and, on TensorFlow, compiled by XLA."""
+
+    traced: bool = False
+    xla: bool = False
+
+    @classmethod
+    def of(cls, ops: Any, x: Any) -> _Compilation:
+        """Read at the decision point, inside the caller's trace."""
+        traced = bool(ops.is_symbolic(x))
+        return cls(traced, ops.backend == "jax" or (traced and _tf_in_xla()))
+
+    def passes(self, flops: int) -> int:
+        """Passes of a candidate of ``flops`` per timed call: traced, as many as reach
+        `FLOP_CAP` (at most 64), so that a candidate of a few microseconds is timed by its
+        work inside compiled code, not by the cost of a call; one otherwise."""
+        return max(1, min(64, FLOP_CAP // max(flops, 1))) if self.traced else 1
+
+
+def _tf_in_xla() -> bool:
+    """Whether the TensorFlow graph being built is compiled by XLA (a
+    ``tf.function(jit_compile=True)``, its loops included)."""
+    try:
+        from tensorflow.python.framework import ops as tf_ops
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - TensorFlow's layout changed
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph()))
+
+
+def _compiled(
+    backend: str,
+    fn: Callable[..., Any],
+    tensors: list,
+    how: _Compilation = _Compilation(),
+    passes: int = 1,
+) -> Callable[[], Any]:
     """``fn(*tensors)`` as a zero-argument call, compiled as the user's calls are on
-    JAX (``jax.jit``) and TensorFlow (``tf.function``)."""
+    JAX (``jax.jit``) and TensorFlow (``tf.function``, with XLA where ``how.xla``).
+
+    With ``passes > 1`` one call runs ``fn`` that many times in a compiled loop, the first
+    input shifted on each pass by a zero the compiler cannot see through (the sum of the
+    last pass's outputs times 0), so that no pass is hoisted out of the loop or merged."""
     if backend == "jax":
         import jax
+        import jax.numpy as jnp
 
-        jitted = jax.jit(fn)
+        def looped(*ts):
+            def body(_, shift):
+                out = fn(ts[0] + shift, *ts[1:])
+                return sum(jnp.sum(o) for o in jax.tree_util.tree_leaves(out)) * 0.0
+
+            return jax.lax.fori_loop(0, passes, body, jnp.zeros((), ts[0].dtype))
+
+        jitted = jax.jit(fn if passes == 1 else looped)
         return lambda: jitted(*tensors)
     if backend == "tensorflow":
         import tensorflow as tf
 
-        graph = tf.function(fn)
+        def tf_looped(*ts):
+            def body(i, shift):
+                out = fn(ts[0] + shift, *ts[1:])
+                total = tf.add_n([tf.reduce_sum(o) for o in tf.nest.flatten(out)])
+                return i + 1, total * 0.0
+
+            start = (tf.constant(0), tf.zeros((), ts[0].dtype))
+            return tf.while_loop(lambda i, _: i < passes, body, start)[1]
+
+        graph = tf.function(fn if passes == 1 else tf_looped, jit_compile=how.xla or None)
         return lambda: graph(*tensors)
     return lambda: fn(*tensors)
 

@@ -406,6 +406,31 @@ def test_projection_join_is_measured_for_real():
     assert decision["timed"] == "(10, 8) inputs, kernels to (12, 6, 6)"
 
 
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="traced backends")
+@pytest.mark.parametrize("xla", [False, True])
+def test_traced_choice_times_many_passes_compiled_as_the_caller(xla):
+    """Under jax.jit / tf.function a small candidate is timed as many passes in one
+    compiled loop (its work in compiled code, not the cost of a call), compiled as the
+    caller is: on TensorFlow with XLA exactly where the caller's graph is, which the
+    class records."""
+    layer, x = _self_attention()
+    tuning.reset()
+    if BACKEND == "jax":
+        import jax
+
+        if not xla:
+            pytest.skip("jax always compiles with XLA")
+        jax.jit(lambda x: layer(x, x))(x)
+    else:
+        import tensorflow as tf
+
+        tf.function(lambda x: layer(x, x), jit_compile=xla)(x)
+    (decision,) = [d for d in tuning.decisions() if d["op"] == "fused-qkv"]
+    assert decision["how"] == "measured"
+    assert decision["timed"] == "(10, 8) inputs, kernels to (12, 6, 6), 64 passes per call"
+    assert decision["shape_class"].get("xla", True) is xla or BACKEND == "jax"
+
+
 def test_cross_attention_never_joins(monkeypatch):
     layer, x = _self_attention()
     monkeypatch.setattr(tuning, "fused_projections_pay", lambda *a: pytest.fail("asked"))
