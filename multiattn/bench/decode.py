@@ -131,8 +131,10 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
                 "tokens_per_s": batch * (new - 1) / (steps / 1e3) if steps > 0 else None,
             })  # fmt: skip
         del model
+    from multiattn import tuning
+
     return {"backend": "paddle" if framework == "paddle" else keras.backend.backend(),
-            "rows": rows}  # fmt: skip
+            "rows": rows, "decisions": tuning.decisions()}  # fmt: skip
 
 
 def _transformers_runner(folder: str, ids: np.ndarray):

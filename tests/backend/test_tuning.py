@@ -279,6 +279,35 @@ def test_attention_choice_is_measured_outside_the_trace():
     assert decision["how"] == "measured" and seen == [decision["choice"] == "fused"]
 
 
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="XLA backends")
+def test_a_cache_under_xla_takes_the_explicit_path_untimed(monkeypatch):
+    """Keys and values heads first (a cache) in code XLA compiles take the explicit path
+    without timing (in a loop that carries the cache the fused layout copies it)."""
+    no_timing(monkeypatch)
+    ops = get_ops()
+    q, k, v = _qkv(1, 8)
+    k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (k, v))
+    seen = []
+
+    def traced(q, k, v):
+        seen.append(
+            tuning.fused_attention_pays(ops, q, k, v, explicit=_explicit, kv_heads_first=True)
+        )
+        return q
+
+    if BACKEND == "jax":
+        import jax
+
+        jax.jit(traced)(q, k, v)
+    else:
+        import tensorflow as tf
+
+        tf.function(traced, jit_compile=True)(q, k, v)
+    (decision,) = tuning.decisions()
+    assert seen == [False] and decision["choice"] == "explicit"
+    assert decision["how"] == "fallback" and "heads first" in decision["reason"]
+
+
 def test_symbolic_tensors_take_the_namespace_default(monkeypatch):
     no_timing(monkeypatch)
     ops = get_ops()
