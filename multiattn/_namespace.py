@@ -44,26 +44,50 @@ __all__ = [
 _OWNED_CACHES: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "multiattn_owned_caches", default=False
 )
+#: True inside ``owned_caches(index_checked=True)``.
+_CHECKED_INDEX: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "multiattn_checked_cache_index", default=False
+)
 
 
 @contextlib.contextmanager
-def owned_caches() -> Iterator[None]:
+def owned_caches(index_checked: bool = False) -> Iterator[None]:
     """Inside this block, the KV caches handed to the layers' cached calls belong to the
     caller, which needs no gradient through them and reads them only through what the
     layers return: a namespace with ``writes_in_place`` writes the new keys and values
     into them (`multiattn._contract.Namespace.write_cache`) instead of making a new cache,
     a copy of the whole cache per call. ``generate`` decodes inside it
-    (`multiattn.models.generation.GenerationMixin`)."""
+    (`multiattn.models.generation.GenerationMixin`).
+
+    ``index_checked=True``: the caller has also checked that every cache index it passes
+    leaves room for the tokens it writes (``generate`` checks the prompt and
+    ``max_new_tokens`` against the context before the first step). The cached calls then
+    leave out the range test of a traced index (which turns the outputs of an index out
+    of range into NaN and skips its write): a few operations per layer and token, the
+    largest share of a recorded torch step's work after the products. An index out of
+    range inside such a block gives wrong numbers, not NaN. A Python int index is
+    checked (and raises) either way."""
+    if not isinstance(index_checked, bool):
+        raise TypeError(
+            f"owned_caches: `index_checked` must be a bool; received {index_checked!r}."
+        )
     token = _OWNED_CACHES.set(True)
+    checked = _CHECKED_INDEX.set(index_checked)
     try:
         yield
     finally:
+        _CHECKED_INDEX.reset(checked)
         _OWNED_CACHES.reset(token)
 
 
 def caches_owned() -> bool:
     """True inside `owned_caches`."""
     return _OWNED_CACHES.get()
+
+
+def cache_index_checked() -> bool:
+    """True inside ``owned_caches(index_checked=True)``."""
+    return _CHECKED_INDEX.get()
 
 
 class KerasNamespace(Namespace):

@@ -22,7 +22,7 @@ from .._checks import (
     fmt_shape,
     shape_of,
 )
-from .._namespace import caches_owned, get_ops
+from .._namespace import cache_index_checked, caches_owned, get_ops
 from ..ops.attention import attend
 from ..ops.masking import (
     block_keep,
@@ -408,7 +408,8 @@ class MultiHeadAttention(keras.layers.Layer):
             (``jax.jit`` / ``tf.function``) cannot raise when the step runs; if it is out
             of that range, nothing is written (``new_cache`` equals ``cache``) and the
             output (and the weights) are NaN: never a write at another position, never
-            a clamped index.
+            a clamped index. Inside ``owned_caches(index_checked=True)`` (``generate``)
+            the caller has checked the index and that test is left out.
         key_value: cross-attention over keys and values projected once by
             `project_key_value` (the pair it returns); ``value`` and ``key`` must not
             be given. ``mask``/``valid_lens`` refer to those keys.
@@ -1234,11 +1235,13 @@ class MultiHeadAttention(keras.layers.Layer):
             index = cache_index
         else:
             # A traced index cannot raise: out of range, nothing is written and the
-            # outputs are NaN (see `call`).
+            # outputs are NaN (see `call`), unless the caller checked it
+            # (``owned_caches(index_checked=True)``).
             index = ops.cast(cache_index, "int32")
-            in_range = ops.logical_and(
-                ops.greater_equal(index, 0), ops.less_equal(index + tokens, bound)
-            )
+            if not cache_index_checked():
+                in_range = ops.logical_and(
+                    ops.greater_equal(index, 0), ops.less_equal(index + tokens, bound)
+                )
         gate = self._gate(ops, query)
         q, k, v = self._project_self(ops, query)
         q, k = self._rotate(q, k, cache_index, cache_index)

@@ -264,7 +264,7 @@ class GenerationMixin:
         """`_loop` with the caches it makes written in place (`owned_caches`), under
         ``torch.no_grad()`` on torch: generation needs no gradients."""
         with contextlib.ExitStack() as scope:
-            scope.enter_context(owned_caches())
+            scope.enter_context(owned_caches(index_checked=True))  # `_check_lengths`
             if self._backend() == "torch":
                 import torch
 
@@ -368,6 +368,8 @@ class GenerationMixin:
                 self.step, donate="caches"
             )  # fmt: skip
             self.__dict__["_multiattn_step"] = kept
+        if backend == "torch":
+            kept.sync()  # the weights as they are now, read once per `generate`
         return kept
 
     def _torch_step(self):

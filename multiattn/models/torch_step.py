@@ -82,6 +82,13 @@ class TracedStep:
         #: key -> (recording, result skeleton, the branches its guards took), or None
         #: where recording failed
         self._recordings: dict[Any, tuple[Any, Any, tuple] | None] = {}
+        self._values: list | None = None
+
+    def sync(self) -> None:
+        """Read the weights' values now, once, for the replays that follow (``generate``
+        calls it once per call: reading some 70 Keras variables costs about as much as
+        a small model's step); until the next `sync`, replays use these values."""
+        self._values = [v.value for v in self._variables]
 
     def __call__(self, *args: Any) -> Any:
         import torch
@@ -96,7 +103,9 @@ class TracedStep:
             if recording is None:
                 return self._step(*args)
             traced, result, taken = recording
-            out = traced([v.value for v in self._variables], tensors)
+            if self._values is None:
+                self.sync()
+            out = traced(self._values, tensors)
             guards, out = out[: len(taken)], out[len(taken) :]
             if any(bool(g) != t for g, t in zip(guards, taken)):
                 return self._step(*args)
@@ -119,7 +128,7 @@ class TracedStep:
             taken[:] = [t for _, t in guards]
             return (*(g for g, _ in guards), *leaves)
 
-        values = [v.value for v in variables]
+        values = self._values if self._values is not None else [v.value for v in variables]
         try:
             with warnings.catch_warnings():
                 # The tracer's notes on shapes read as Python numbers (static here) and

@@ -338,13 +338,15 @@ def test_owned_cache_writes_in_place_and_equal_the_copying_writes(dtype, index_k
 
 
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="no compiler: indices are eager")
-def test_owned_cache_under_compilation_with_tensor_index():
+@pytest.mark.parametrize("index_checked", [False, True])
+def test_owned_cache_under_compilation_with_tensor_index(index_checked):
     """The compiled step writing into caches it owns (a dynamic update slice on JAX)
-    gives the full causal pass, for prompts and single tokens."""
+    gives the full causal pass, for prompts and single tokens, with the traced index's
+    range test and without it (``index_checked``, as ``generate`` runs)."""
     layer = _mha_for_cache(2, True)
     x = cast(RNG.standard_normal((2, 5, 8)), "float32")
     want = to_np(layer(x, x, causal=True))
-    with owned_caches():
+    with owned_caches(index_checked=index_checked):
         step = compiled(lambda t, c, i: layer(t, cache=c, cache_index=i))
         out, cache = step(x[:, :2], layer.init_cache(2, 8), keras.ops.convert_to_tensor(0))
         outs = [to_np(out)]
@@ -352,6 +354,12 @@ def test_owned_cache_under_compilation_with_tensor_index():
             out, cache = step(x[:, t : t + 1], cache, keras.ops.convert_to_tensor(t, "int32"))
             outs.append(to_np(out))
     assert_close(np.concatenate(outs, 1), want, "float32", LAYER_TOL)
+
+
+def test_owned_caches_checks_its_argument():
+    with pytest.raises(TypeError, match=r"index_checked.*received 1"):
+        with owned_caches(index_checked=1):
+            pass
 
 
 def _decoder(norm_first, kv_heads, rotary, dtype="float32"):
