@@ -106,6 +106,33 @@ def call_sublayer(layer: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
     return layer(x, *args, **kwargs)
 
 
+def plain_dense(dense: Any, dtype: str) -> bool:
+    """Whether `project` may read ``dense`` (a Keras ``Dense``/``EinsumDense``) as a
+    kernel and a bias: a float sublayer, not quantized, without LoRA or an activity
+    regularizer, computing in ``dtype``."""
+    return (
+        dense.quantization_mode is None
+        and not dense.lora_enabled
+        and dense.activity_regularizer is None
+        and dense.compute_dtype == dtype
+    )
+
+
+def project(ops: Any, x: Any, dense: Any, dtype: str, contract: int = 1) -> Any:
+    """``dense(x)`` for a sublayer whose kernel is ``(*k, *n)`` (``k`` the ``contract``
+    trailing axes of ``x``) and whose bias is ``(*n)`` or None: for a `plain_dense`
+    sublayer and ``x`` in ``dtype``, `ops.linear` on its kernel and bias (one matrix
+    product with the bias inside, on oneDNN or BLAS on torch CPU, as measured), then its
+    activation; else the sublayer called (quantized, LoRA, another dtype)."""
+    if not plain_dense(dense, dtype) or ops.dtype_name(x) != dtype:
+        return call_sublayer(dense, x)
+    bias = None if dense.bias is None else ops.cast(dense.bias, dtype)
+    y = ops.linear(x, ops.cast(dense.kernel, dtype), bias, contract=contract)
+    if dense.activation is not keras.activations.linear:
+        y = dense.activation(y)
+    return y
+
+
 def fresh_initializer(init: Any) -> Any:
     """A new initializer object with the configuration of ``init``: each sublayer needs
     its own, since a seeded initializer object gives every weight it makes the same

@@ -10,7 +10,7 @@ from .._checks import check_float, check_positive_int
 from .._namespace import get_ops
 from ..ops.activations import activation as apply_activation
 from ..ops.activations import check_activation
-from ._base import block_initializers, call_sublayer, static_width, sublayer_initializers
+from ._base import block_initializers, project, static_width, sublayer_initializers
 
 __all__ = ["FeedForward"]
 
@@ -31,7 +31,10 @@ class FeedForward(keras.layers.Layer):
     Sublayers (``keras.layers.EinsumDense``): ``gate`` (gated only) and ``up``, kernels
     ``(width, hidden_dim)``, and ``down``, kernel ``(hidden_dim, output_dim)``; with
     ``use_bias`` each has a bias over its output features. The activation is applied by
-    `multiattn.ops.activation`, not by the sublayers.
+    `multiattn.ops.activation`, not by the sublayers. Plain float sublayers are computed
+    as one matrix product each with the bias inside (the namespace's ``linear``: oneDNN
+    or BLAS on torch CPU, whichever measured faster), not by the sublayers' einsum;
+    quantized or LoRA sublayers are called.
 
     Args:
         hidden_dim: width of the hidden layer (``intermediate_size`` in Hugging Face
@@ -118,12 +121,13 @@ class FeedForward(keras.layers.Layer):
                 f"{where}: `x` must have width {self._width} (the width the layer was built "
                 f"with); received shape {tuple(x.shape)}."
             )
-        hidden = call_sublayer(self.up, x)
+        ops, dtype = get_ops(x), self.compute_dtype
+        hidden = project(ops, x, self.up, dtype)
         if self.gate is not None:
-            hidden = apply_activation(call_sublayer(self.gate, x), self.activation) * hidden
+            hidden = apply_activation(project(ops, x, self.gate, dtype), self.activation) * hidden
         else:
             hidden = apply_activation(hidden, self.activation)
-        return call_sublayer(self.down, hidden)
+        return project(ops, hidden, self.down, dtype)
 
     def compute_output_shape(self, input_shape):
         shape = tuple(input_shape)

@@ -42,6 +42,8 @@ from ._base import (
     fresh_initializer,
     get_initializer,
     keras_mask_of,
+    plain_dense,
+    project,
     seed_generator,
 )
 from .rotary import RotaryEmbedding, check_offset
@@ -727,27 +729,13 @@ class MultiHeadAttention(keras.layers.Layer):
     # -- projections -------------------------------------------------------------------------
 
     def _plain(self, dense: Any) -> bool:
-        """A float sublayer the fast path can read: not quantized, no LoRA, no activity
-        regularizer, in the layer's compute dtype."""
-        return (
-            dense.quantization_mode is None
-            and not dense.lora_enabled
-            and dense.activity_regularizer is None
-            and dense.compute_dtype == self.compute_dtype
-        )
+        """`multiattn.layers._base.plain_dense` in the layer's compute dtype."""
+        return plain_dense(dense, self.compute_dtype)
 
     def _project(self, ops: Any, x: Any, dense: Any, contract: int = 1) -> Any:
-        """``dense(x)``: for a plain float sublayer through `ops.linear` on its kernel and
-        bias (oneDNN or BLAS on torch CPU), else by calling the sublayer (quantized,
-        LoRA)."""
-        if not self._plain(dense):
-            return dense(x)
-        dtype = self.compute_dtype
-        bias = None if dense.bias is None else ops.cast(dense.bias, dtype)
-        y = ops.linear(x, ops.cast(dense.kernel, dtype), bias, contract=contract)
-        if dense.activation is not keras.activations.linear:
-            y = dense.activation(y)
-        return y
+        """``dense(x)`` (`multiattn.layers._base.project`: `ops.linear` for a plain
+        float sublayer, else the sublayer called)."""
+        return project(ops, x, dense, self.compute_dtype, contract)
 
     def _project_self(self, ops: Any, x: Any) -> tuple[Any, Any, Any]:
         """Self-attention: the query, key and value projections of one input, as three

@@ -22,6 +22,7 @@ import keras
 import numpy as np
 
 from .._checks import check_positive_int
+from .._namespace import get_ops
 from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnlyLayer
 from ..layers._base import call_sublayer
 from .bert import assign_weight
@@ -165,14 +166,12 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         return x
 
     def _head(self, x) -> dict:
-        ops = keras.ops
         x = call_sublayer(self.final_norm, x)
-        # einsum, not matmul: Keras' torch matmul of float64 tensors returns float32.
-        if self.tied:
-            logits = ops.einsum("bse,ve->bsv", x, ops.cast(self.word, x.dtype))
-        else:
-            logits = ops.einsum("bse,ev->bsv", x, ops.cast(self.lm_head, x.dtype))
-        return {"logits": logits, "last_hidden_state": x}
+        # The namespace's `linear` (one matrix product on torch CPU), not Keras' matmul,
+        # whose torch float64 product returns float32.
+        ops = get_ops(x)
+        weight = ops.transpose(self.word) if self.tied else self.lm_head
+        return {"logits": ops.linear(x, ops.cast(weight, x.dtype)), "last_hidden_state": x}
 
     def _ids_and_mask(self, input_ids, attention_mask):
         ops = keras.ops
