@@ -1097,12 +1097,13 @@ class MultiHeadAttention(keras.layers.Layer):
                 )
             check_float(where, name, t, get_ops(t))
         ks, vs = shape_of(k), shape_of(v)
-        t = 2 if heads_first else 1
-        want_k = [batch, None, None, self.key_dim]
-        want_k[3 - t] = self.kv_heads
-        want_v = [*want_k[:3], self.value_dim]
-        want_v[t] = ks[t] if len(ks) == 4 else None
-        want_k, want_v = tuple(want_k), tuple(want_v)
+        length = ks[2 if heads_first else 1] if len(ks) == 4 else None  # the values': the keys'
+        if heads_first:
+            want_k = (batch, self.kv_heads, None, self.key_dim)
+            want_v = (batch, self.kv_heads, length, self.value_dim)
+        else:
+            want_k = (batch, None, self.kv_heads, self.key_dim)
+            want_v = (batch, length, self.kv_heads, self.value_dim)
         for label, got, want in (("keys", ks, want_k), ("values", vs, want_v)):
             if len(got) != 4 or any(
                 w is not None and g is not None and g != w for g, w in zip(got, want)

@@ -23,8 +23,14 @@ What makes a recording replay correctly for other inputs:
   runs eagerly (`multiattn._namespace.torch_trace_guards`). Inside
   `multiattn._namespace.owned_caches` the thrown-away replay has already written its
   keys and values into the caches; the eager step computes and writes the same ones;
-* the weights are inputs too, read through ``keras.StatelessScope`` as under ``jax.jit``,
-  so a kept recording follows weights changed later (training, ``set_weights``);
+* the weights are constants of the recording: it is traced from a module that holds
+  them (read through ``keras.StatelessScope``) and frozen (``torch.jit.freeze``), so what
+  depends on the weights alone (the joined q/k/v kernels, casts, reshapes) is computed
+  once, when it is made. `TracedStep.sync` (once per ``generate``) reads the weights and
+  drops every recording when one has changed since (a new tensor, or an in-place
+  update: PyTorch's version counter), so a kept recording follows training and
+  ``set_weights``. At most `KEPT` recordings are kept (the oldest goes first): each holds
+  its folded constants, a copy of the joined kernels;
 * arguments that are not arrays (None, Python numbers) are part of the key that selects a
   recording, with the shapes and dtypes of the tensors.
 
@@ -41,14 +47,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TracedStep"]
+__all__ = ["KEPT", "TracedStep"]
+
+#: The recordings a `TracedStep` keeps, one per set of shapes (prompt length and
+#: ``max_new_tokens`` give the cache length).
+KEPT = 8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class _Slot:
     """The place of the ``index``-th tensor in an argument or result structure."""
 
     index: int
+
+    def __repr__(self) -> str:  # part of every step's key: short, and no recursion guard
+        return f"@{self.index}"
 
 
 def _split(x: Any, tensors: list, torch: Any) -> Any:
@@ -83,12 +96,17 @@ class TracedStep:
         #: where recording failed
         self._recordings: dict[Any, tuple[Any, Any, tuple] | None] = {}
         self._values: list | None = None
+        self._stamp: tuple = ()
 
     def sync(self) -> None:
-        """Read the weights' values now, once, for the replays that follow (``generate``
-        calls it once per call: reading some 70 Keras variables costs about as much as
-        a small model's step); until the next `sync`, replays use these values."""
-        self._values = [v.value for v in self._variables]
+        """Read the weights now, once for the replays that follow (``generate`` calls it
+        once per call: reading some 70 Keras variables costs about a fifth of a small
+        model's step); drop the recordings made with other weights."""
+        values = [v.value for v in self._variables]
+        stamp = tuple((id(t), t._version) for t in values)
+        if stamp != self._stamp:
+            self._recordings.clear()
+            self._values, self._stamp = values, stamp
 
     def __call__(self, *args: Any) -> Any:
         import torch
@@ -96,20 +114,26 @@ class TracedStep:
         tensors: list = []
         skeleton = _split(args, tensors, torch)
         key = (repr(skeleton), tuple((tuple(t.shape), t.dtype) for t in tensors))
+        if self._values is None:
+            self.sync()
         with torch.no_grad():
-            if key not in self._recordings:
-                self._recordings[key] = self._record(skeleton, tensors)
-            recording = self._recordings[key]
+            recording = self._recordings.get(key, False)
+            if recording is False:
+                recording = self._keep(key, self._record(skeleton, tensors))
             if recording is None:
                 return self._step(*args)
-            traced, result, taken = recording
-            if self._values is None:
-                self.sync()
-            out = traced(self._values, tensors)
+            frozen, result, taken = recording
+            out = frozen(tensors)
             guards, out = out[: len(taken)], out[len(taken) :]
             if any(bool(g) != t for g, t in zip(guards, taken)):
                 return self._step(*args)
             return _fill(result, out)
+
+    def _keep(self, key: Any, recording: Any) -> Any:
+        while len(self._recordings) >= KEPT:
+            del self._recordings[next(iter(self._recordings))]
+        self._recordings[key] = recording
+        return recording
 
     def _record(self, skeleton: Any, tensors: list) -> tuple[Any, Any, tuple] | None:
         import keras
@@ -117,24 +141,35 @@ class TracedStep:
 
         from .._namespace import torch_trace_guards
 
-        variables, result, taken = self._variables, [], []
+        variables, step, result, taken = self._variables, self._step, [], []
 
-        def pure(values: list, flat: list) -> tuple:
-            with torch_trace_guards() as guards:
-                with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-                    out = self._step(*_fill(skeleton, flat))
-            leaves: list = []
-            result.append(_split(out, leaves, torch))
-            taken[:] = [t for _, t in guards]
-            return (*(g for g, _ in guards), *leaves)
+        class Weights(torch.nn.Module):
+            """The step with the weights as buffers: constants once frozen."""
 
-        values = self._values if self._values is not None else [v.value for v in variables]
+            def __init__(self, values: list) -> None:
+                super().__init__()
+                for i, value in enumerate(values):
+                    self.register_buffer(f"w{i}", value.detach())
+
+            def forward(self, flat: list) -> tuple:
+                values = [getattr(self, f"w{i}") for i in range(len(variables))]
+                with torch_trace_guards() as guards:
+                    with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                        out = step(*_fill(skeleton, flat))
+                leaves: list = []
+                result.append(_split(out, leaves, torch))
+                taken[:] = [t for _, t in guards]
+                return (*(g for g, _ in guards), *leaves)
+
         try:
             with warnings.catch_warnings():
                 # The tracer's notes on shapes read as Python numbers (static here) and
                 # the deprecation notice of torch.jit.trace.
                 warnings.simplefilter("ignore")
-                traced = torch.jit.trace(pure, (values, tensors), check_trace=False, strict=False)
+                traced = torch.jit.trace(
+                    Weights(self._values).eval(), (tensors,), check_trace=False, strict=False
+                )
+                frozen = torch.jit.freeze(traced)
         except Exception as err:  # any failure: this shape runs eagerly
             warnings.warn(
                 f"generate: the decoding step could not be recorded with torch.jit.trace "
@@ -143,4 +178,4 @@ class TracedStep:
                 stacklevel=4,
             )
             return None
-        return traced, result[0], tuple(taken)
+        return frozen, result[0], tuple(taken)

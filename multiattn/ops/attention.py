@@ -349,10 +349,10 @@ def _poison_rows(
 
     def bad_rows(t: Any, heads_first: bool) -> Any:
         """(B, T, H|H_kv, D) or heads first -> (B, H, T): the row holds a non-finite entry."""
-        if heads_first:
-            t = ops.transpose(t, (0, 2, 1, 3))
         bad = ops.any(ops.logical_not(ops.isfinite(t)), axis=-1, keepdims=True)
-        bad = repeat_kv_heads(ops, bad, heads // shape_of(t)[2])  # grouped heads: a bool each
+        if heads_first:
+            bad = ops.transpose(bad, (0, 2, 1, 3))  # the flags moved, not the keys
+        bad = repeat_kv_heads(ops, bad, heads // shape_of(bad)[2])  # grouped heads: a bool each
         return ops.transpose(bad[..., 0], (0, 2, 1))
 
     poisoned = ops.expand_dims(bad_rows(query, False), 3)  # (B, H, Tq, 1)
