@@ -227,9 +227,11 @@ def settings(
             the default; None means the default) or as eager Keras calls (False). Read
             at each ``generate`` call.
         fused_projections: True computes the query, key and value projections of
-            self-attention as one product over the three kernels joined, False as three
-            products; None (the default) measures which is faster on the running machine,
-            once per shape class (`multiattn.tuning.fused_projections_pay`).
+            self-attention as one product over the three kernels joined (and the gate
+            and up projections of a gated feed-forward layer over their two), False as a
+            product per kernel; None (the default) measures which is faster on the
+            running machine, once per shape class
+            (`multiattn.tuning.fused_projections_pay`).
         compiled_loop: on jax and TensorFlow, whether greedy ``generate`` runs every
             token after the prompt inside one compiled loop (True, the default; None
             means the default): ``jax.lax.while_loop`` under ``jax.jit``, or

@@ -43,6 +43,8 @@ Choices made this way:
   products or as one over the three kernels joined (`fused_projections_pay`);
   ``settings(fused_projections=True/False)`` forces one; where nothing can be timed, three
   products.
+* ``fused-gate-up``: the gate and up projections of a gated feed-forward layer (SwiGLU,
+  GeGLU) likewise, as two products or one over the two kernels joined.
 
 `decisions` lists what was decided in this process (with the medians that decided it),
 `reset` forgets it, `cpu_info` describes the CPU (model and instruction sets), which the
@@ -490,19 +492,22 @@ def fused_projections_pay(
     kernels: Sequence[Any],
     biases: Sequence[Any],
     fused: Callable[[Any, Any, list, list], list],
+    kind: str = "fused-qkv",
 ) -> bool:
-    """True when one product over the joined query, key and value kernels is faster than
-    three products on the running machine, for projections of this shape class.
+    """True when one product over the joined kernels of projections of one input is
+    faster than a product per kernel on the running machine, for this shape class: the
+    query, key and value projections of self-attention (``kind`` ``"fused-qkv"``), the
+    gate and up projections of a gated feed-forward layer (``"fused-gate-up"``).
 
-    ``x`` ``(..., E)``, ``kernels`` the three ``(E, ...)`` kernels and ``biases`` theirs
-    (all tensors or all None) as `multiattn.layers.MultiHeadAttention` passes them;
-    ``fused(ops, x, kernels, biases)`` computes the three products as one (the layer's
-    own function). Both candidates are timed forward on random inputs of the call's dtype
-    with ``min(rows, 4 FLOP_CAP / (2 E N))`` rows, ``N`` the three widths together (at
+    ``x`` ``(..., E)``, ``kernels`` the ``(E, ...)`` kernels and ``biases`` theirs (all
+    tensors or all None) as `multiattn.layers._base.project_joined` passes them;
+    ``fused(ops, x, kernels, biases)`` computes the products as one (the layers' own
+    function). Both candidates are timed forward on random inputs of the call's dtype
+    with ``min(rows, 4 FLOP_CAP / (2 E N))`` rows, ``N`` the widths together (at
     least 64 rows; four times the usual cap, because the joined candidate also joins the
     kernels on every call, a cost that does not shrink with the rows); the class is the backend, its device, the dtype, the rows (``x``'s
-    leading sizes multiplied) rounded up to a power of two, ``E``, the three output widths
-    and whether there are biases (and on TensorFlow whether XLA compiles the caller).
+    leading sizes multiplied) rounded up to a power of two, ``E``, the output widths and
+    whether there are biases (and on TensorFlow whether XLA compiles the caller).
     Eager calls time directly; under ``jax.jit`` and ``tf.function`` the candidates are
     compiled as the caller is and timed at trace time outside the trace, each call
     running the candidate as many times as reach `FLOP_CAP` in a compiled loop
@@ -545,16 +550,17 @@ def fused_projections_pay(
             xs = tensor((n, dims[-1]))
             ks = [tensor(tuple(int(d) for d in k.shape)) for k in kernels]
             bs = [None if b is None else tensor(tuple(int(d) for d in b.shape)) for b in biases]
+            m = len(kernels)
             fns = {
-                "separate": lambda x, *w: [ops.linear(x, k, b) for k, b in zip(w[:3], w[3:])],
-                "fused": lambda x, *w: fused(ops, x, list(w[:3]), list(w[3:])),
+                "separate": lambda x, *w: [ops.linear(x, k, b) for k, b in zip(w[:m], w[m:])],
+                "fused": lambda x, *w: fused(ops, x, list(w[:m]), list(w[m:])),
             }
             tensors = [xs, *ks, *bs]
             runs = {name: _compiled(backend, fn, tensors, how, passes) for name, fn in fns.items()}
         looped = f", {passes} passes per call" if passes > 1 else ""
         return runs, f"({n}, {dims[-1]}) inputs, kernels to {widths}{looped}"
 
-    return _decide_eagerly("fused-qkv", cls, candidates, "separate", measurable, why) == "fused"
+    return _decide_eagerly(kind, cls, candidates, "separate", measurable, why) == "fused"
 
 
 def _decide_eagerly(

@@ -10,7 +10,13 @@ from .._checks import check_float, check_positive_int
 from .._namespace import get_ops
 from ..ops.activations import activation as apply_activation
 from ..ops.activations import check_activation
-from ._base import block_initializers, project, static_width, sublayer_initializers
+from ._base import (
+    block_initializers,
+    project,
+    project_joined,
+    static_width,
+    sublayer_initializers,
+)
 
 __all__ = ["FeedForward"]
 
@@ -33,8 +39,10 @@ class FeedForward(keras.layers.Layer):
     ``use_bias`` each has a bias over its output features. The activation is applied by
     `multiattn.ops.activation`, not by the sublayers. Plain float sublayers are computed
     as one matrix product each with the bias inside (the namespace's ``linear``: oneDNN
-    or BLAS on torch CPU, whichever measured faster), not by the sublayers' einsum;
-    quantized or LoRA sublayers are called.
+    or BLAS on torch CPU, whichever measured faster), not by the sublayers' einsum; the
+    gate and up products are joined into one where that measured faster
+    (`multiattn.layers._base.project_joined`, decision ``fused-gate-up``). Quantized or
+    LoRA sublayers are called.
 
     Args:
         hidden_dim: width of the hidden layer (``intermediate_size`` in Hugging Face
@@ -122,11 +130,14 @@ class FeedForward(keras.layers.Layer):
                 f"with); received shape {tuple(x.shape)}."
             )
         ops, dtype = get_ops(x), self.compute_dtype
-        hidden = project(ops, x, self.up, dtype)
-        if self.gate is not None:
-            hidden = apply_activation(project(ops, x, self.gate, dtype), self.activation) * hidden
+        if self.gate is None:
+            hidden = apply_activation(project(ops, x, self.up, dtype), self.activation)
         else:
-            hidden = apply_activation(hidden, self.activation)
+            pair = (self.gate, self.up)
+            gate, up = project_joined(ops, x, pair, dtype, "fused-gate-up") or [
+                project(ops, x, d, dtype) for d in pair
+            ]
+            hidden = apply_activation(gate, self.activation) * up
         return project(ops, hidden, self.down, dtype)
 
     def compute_output_shape(self, input_shape):

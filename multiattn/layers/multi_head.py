@@ -9,7 +9,6 @@ from typing import Any
 import keras
 import numpy as np
 
-from .. import config, tuning
 from .._checks import (
     FLOAT_DTYPES,
     broadcast_shape,
@@ -44,6 +43,7 @@ from ._base import (
     keras_mask_of,
     plain_dense,
     project,
+    project_joined,
     seed_generator,
 )
 from .rotary import RotaryEmbedding, check_offset
@@ -95,28 +95,6 @@ def _write(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> 
     if index + tokens < length:
         parts.append(cache[:, :, index + tokens :])
     return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=2)
-
-
-def _fused_linear(ops: Any, x: Any, kernels: list, biases: list) -> list:
-    """``[ops.linear(x, k, b) for k, b in zip(kernels, biases)]`` computed as one product:
-    the kernels ``(E, ...)`` flattened and joined along their output columns (the biases
-    likewise; all given or all None), then the product's columns split and shaped back.
-    ``x`` ``(..., E)`` with static sizes. The same numbers as the separate products up to
-    the rounding of the matrix product's blocking."""
-    width = shape_of(kernels[0])[0]
-    flat = [ops.reshape(k, (width, -1)) for k in kernels]
-    columns = [shape_of(f)[1] for f in flat]
-    bias = None
-    if biases[0] is not None:
-        bias = ops.concatenate([ops.reshape(b, (-1,)) for b in biases], axis=0)
-    y = ops.linear(x, ops.concatenate(flat, axis=1), bias)
-    lead = list(shape_of(y)[:-1])
-    outs, start = [], 0
-    for kernel, n in zip(kernels, columns):
-        part = ops.slice(y, [*([0] * len(lead)), start], [*lead, n])
-        outs.append(ops.reshape(part, tuple(lead) + tuple(shape_of(kernel)[1:])))
-        start += n
-    return outs
 
 
 def _write_owned(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> Any:
@@ -739,30 +717,13 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _project_self(self, ops: Any, x: Any) -> tuple[Any, Any, Any]:
         """Self-attention: the query, key and value projections of one input, as three
-        products or as one over the three kernels joined (`_fused_linear`), whichever
-        `multiattn.tuning.fused_projections_pay` measured faster on the running machine
-        for this shape class (the ``fused_projections`` setting of `multiattn.config`
-        forces one). Only plain float sublayers without activations are joined."""
+        products or as one over the three kernels joined, whichever measured faster
+        (`multiattn.layers._base.project_joined`, decision ``fused-qkv``)."""
         dense = (self._query_dense, self._key_dense, self._value_dense)
-        if all(self._plain(d) and d.activation is keras.activations.linear for d in dense):
-            dtype = self.compute_dtype
-            kernels = [ops.cast(d.kernel, dtype) for d in dense]
-            biases = [None if d.bias is None else ops.cast(d.bias, dtype) for d in dense]
-            if self._joins_projections(ops, x, kernels, biases):
-                return tuple(_fused_linear(ops, x, kernels, biases))
-            return tuple(ops.linear(x, k, b) for k, b in zip(kernels, biases))
-        return tuple(self._project(ops, x, d) for d in dense)
-
-    @staticmethod
-    def _joins_projections(ops: Any, x: Any, kernels: list, biases: list) -> bool:
-        """Whether `_project_self` takes one product over the joined kernels (only for
-        inputs of static shape)."""
-        if len({b is None for b in biases}) != 1 or None in shape_of(x):
-            return False
-        setting = config.get_fused_projections()
-        if setting is not None:
-            return setting
-        return tuning.fused_projections_pay(ops, x, kernels, biases, _fused_linear)
+        outs = project_joined(ops, x, dense, self.compute_dtype, "fused-qkv")
+        if outs is None:
+            outs = [self._project(ops, x, d) for d in dense]
+        return tuple(outs)
 
     def _gate(self, ops: Any, query: Any) -> Any:
         return self._project(ops, query, self._gate_dense) if self.use_gate else None

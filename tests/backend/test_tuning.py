@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-from _support import BACKEND, assert_close, cast
+from _support import BACKEND, assert_close, cast, to_np
 
 from multiattn import config, tuning
 from multiattn._namespace import get_ops
@@ -408,15 +408,43 @@ def test_projection_join_follows_the_timing_once_per_class(monkeypatch, winner, 
     assert_close(got, _oracle(layer, x), "float32")
 
 
+@pytest.mark.parametrize("winner", ["fused", "separate"])
+def test_gate_up_join_follows_the_timing_once_per_class(monkeypatch, winner):
+    """A gated feed-forward layer asks once per class whether to join its gate and up
+    products; either winner gives the oracle's numbers (NumPy, float64)."""
+    from multiattn import layers
+
+    layer = layers.FeedForward(12, activation="silu", gated=True, use_bias=True)
+    x = cast(RNG.standard_normal((2, 5, 8)), "float32")
+    layer(x)
+    for w in layer.weights:
+        w.assign(RNG.standard_normal(tuple(w.shape)).astype("float32") * 0.5)
+    tuning.reset()
+    timed = fake_timing(monkeypatch, winner)
+    got = [layer(x) for _ in range(2)][-1]
+    assert timed.count(["fused", "separate"]) == 1
+    (decision,) = [d for d in tuning.decisions() if d["op"] == "fused-gate-up"]
+    assert decision["shape_class"]["out"] == (12, 12) and decision["shape_class"]["rows"] == 16
+    w = {
+        name: to_np(getattr(layer, name).kernel).astype(np.float64)
+        for name in ("gate", "up", "down")
+    }
+    b = {name: to_np(getattr(layer, name).bias).astype(np.float64) for name in w}
+    xs = to_np(x).astype(np.float64)
+    gate, up = xs @ w["gate"] + b["gate"], xs @ w["up"] + b["up"]
+    want = (gate / (1.0 + np.exp(-gate)) * up) @ w["down"] + b["down"]
+    assert_close(got, want, "float32")
+
+
 @pytest.mark.parametrize("forced", [True, False])
 def test_projection_setting_forces_the_join_without_timing(monkeypatch, forced):
-    from multiattn.layers import multi_head
+    from multiattn.layers import _base
 
     layer, x = _self_attention()
     monkeypatch.setattr(tuning, "fused_projections_pay", lambda *a: pytest.fail("timed"))
     calls = []
-    real = multi_head._fused_linear
-    monkeypatch.setattr(multi_head, "_fused_linear", lambda *a: calls.append(1) or real(*a))
+    real = _base.fused_linear
+    monkeypatch.setattr(_base, "fused_linear", lambda *a: calls.append(1) or real(*a))
     with config.settings(fused_projections=forced):
         got = layer(x, x)
     assert bool(calls) is forced
