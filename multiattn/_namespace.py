@@ -48,10 +48,14 @@ _OWNED_CACHES: contextvars.ContextVar[bool] = contextvars.ContextVar(
 _CHECKED_INDEX: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "multiattn_checked_cache_index", default=False
 )
+#: True inside ``owned_caches(values_checked=True)``.
+_CHECKED_VALUES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "multiattn_checked_cache_values", default=False
+)
 
 
 @contextlib.contextmanager
-def owned_caches(index_checked: bool = False) -> Iterator[None]:
+def owned_caches(index_checked: bool = False, values_checked: bool = False) -> Iterator[None]:
     """Inside this block, the KV caches handed to the layers' cached calls belong to the
     caller, which needs no gradient through them and reads them only through what the
     layers return: a namespace with ``writes_in_place`` writes the new keys and values
@@ -66,18 +70,28 @@ def owned_caches(index_checked: bool = False) -> Iterator[None]:
     of range into NaN and skips its write): a few operations per layer and token, the
     largest share of a recorded torch step's work after the products. An index out of
     range inside such a block gives wrong numbers, not NaN. A Python int index is
-    checked (and raises) either way."""
-    if not isinstance(index_checked, bool):
-        raise TypeError(
-            f"owned_caches: `index_checked` must be a bool; received {index_checked!r}."
-        )
-    token = _OWNED_CACHES.set(True)
-    checked = _CHECKED_INDEX.set(index_checked)
+    checked (and raises) either way.
+
+    ``values_checked=True``: the caller has also checked that the caches it passes hold
+    no NaN or infinity (``generate`` checks them once after the prompt; every later
+    write is a key or value that the row writing it attends itself, so a non-finite one
+    makes that row NaN whatever the screen does). The cached calls of layers without a
+    sliding window then leave out the screen of their keys and values for NaN and
+    infinities in masked slots: in code XLA compiles that screen is a conditional that
+    takes the caches as operands, and XLA copies every cache for it on every step."""
+    for name, flag in (("index_checked", index_checked), ("values_checked", values_checked)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"owned_caches: `{name}` must be a bool; received {flag!r}.")
+    tokens = (
+        _OWNED_CACHES.set(True),
+        _CHECKED_INDEX.set(index_checked),
+        _CHECKED_VALUES.set(values_checked),
+    )
     try:
         yield
     finally:
-        _CHECKED_INDEX.reset(checked)
-        _OWNED_CACHES.reset(token)
+        for var, token in zip((_OWNED_CACHES, _CHECKED_INDEX, _CHECKED_VALUES), tokens):
+            var.reset(token)
 
 
 def caches_owned() -> bool:
@@ -88,6 +102,26 @@ def caches_owned() -> bool:
 def cache_index_checked() -> bool:
     """True inside ``owned_caches(index_checked=True)``."""
     return _CHECKED_INDEX.get()
+
+
+def cache_values_checked() -> bool:
+    """True inside ``owned_caches(values_checked=True)``."""
+    return _CHECKED_VALUES.get()
+
+
+def cache_scope() -> tuple[bool, bool, bool]:
+    """What the enclosing `owned_caches` declares: ``(owned, index_checked,
+    values_checked)``; a recording or trace made under one scope holds only for it."""
+    return _OWNED_CACHES.get(), _CHECKED_INDEX.get(), _CHECKED_VALUES.get()
+
+
+def enter_cache_scope(scope: tuple[bool, bool, bool]) -> contextlib.AbstractContextManager:
+    """The `owned_caches` block that `cache_scope` returned ``scope`` in (no block for
+    ``(False, False, False)``)."""
+    owned, index_checked, values_checked = scope
+    if not owned:
+        return contextlib.nullcontext()
+    return owned_caches(index_checked=index_checked, values_checked=values_checked)
 
 
 class KerasNamespace(Namespace):
@@ -377,22 +411,16 @@ class _NumpyNamespace(KerasNamespace):
 
 def _xla_cache_write(keras_ops: Any, cache: Any, new: Any, index: Any) -> Any:
     """`Namespace.write_cache` where XLA compiles the write (jax, TensorFlow): a dynamic
-    update slice (``keras.ops.slice_update``), except one token into a cache of batch
-    one, which is a select against the positions.
+    update slice (``keras.ops.slice_update``), which XLA does in place in a loop that
+    carries the cache. ``keras_ops`` is Keras' ``ops`` module of the backend (the
+    namespace's own operations, not the contract's).
 
-    XLA:CPU reads a cache of batch one in attention through a bitcast that drops the unit
-    batch axis; it then duplicates the dynamic update slice into that read and copies the
-    cache about three times per step. The select is one fused read and write of the
-    cache. Per token of greedy ``generate`` on jax (GPT-2 shape, 4 layers, prompt 128,
-    batch 1): 0.80 ms with the dynamic update slice, 0.60 ms with the select; at batch 8
-    the dynamic update slice was the faster (Llama shape, prompt 512: 1.53 ms against
-    2.20 ms). ``keras_ops`` is Keras' ``ops`` module of the backend (the namespace's own
-    operations, not the contract's)."""
-    length = cache.shape[2]
-    if cache.shape[0] == 1 and new.shape[2] == 1:
-        target = index if isinstance(index, int) else keras_ops.cast(index, "int32")
-        slot = keras_ops.equal(keras_ops.arange(length, dtype="int32"), target)
-        return keras_ops.where(slot[None, None, :, None], new, cache)
+    At batch one it stays in place only where nothing else takes the cache in another
+    shape: ``generate``'s compiled loop carries its caches without their unit axes
+    (`multiattn.models.generation`) and, its caches checked, runs no conditional screen
+    over them. A select against the positions, which rewrites the whole cache, was the
+    faster write while both were in place (0.60 against 0.80 ms per token, GPT-2 shape,
+    prompt 128); without them the dynamic update slice is (0.43 against 0.53 ms)."""
     zero = 0 if isinstance(index, int) else index * 0  # starts of one dtype (JAX x64)
     return keras_ops.slice_update(cache, (zero, zero, index, zero), new)
 

@@ -21,7 +21,7 @@ from .._checks import (
     fmt_shape,
     shape_of,
 )
-from .._namespace import cache_index_checked, caches_owned, get_ops
+from .._namespace import cache_index_checked, cache_values_checked, caches_owned, get_ops
 from ..ops.attention import attend
 from ..ops.masking import (
     block_keep,
@@ -745,7 +745,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _attend(
         self, ops, q, k, v, keep, lens, causal, return_weights, training, bias=None,
-        kv_heads_first=False,
+        kv_heads_first=False, kv_finite=False,
     ):  # fmt: skip
         # `score_scale` (set by subclasses such as T5's attention): the scores' multiplier.
         scale = getattr(self, "score_scale", None)
@@ -764,6 +764,7 @@ class MultiHeadAttention(keras.layers.Layer):
             return_weights=return_weights,
             bias=bias,
             kv_heads_first=kv_heads_first,
+            kv_finite=kv_finite,
         )
 
     def _keep(
@@ -1107,9 +1108,14 @@ class MultiHeadAttention(keras.layers.Layer):
         causal = keep is None  # a known index: bottom-right causal over the prefix
         if bias is not None and shape_of(bias)[-1] != 1:
             bias = bias[..., :filled]  # a bias over the cache slots: those attended
+        # A checked cache (`owned_caches(values_checked=True)`) needs no screen for NaN in
+        # masked slots, except where slots leave a sliding window (one holding NaN would
+        # make its row NaN only while attended).
+        checked = cache_values_checked() and self.sliding_window is None
         result = self._attend(
-            ops, q, keys, values, keep, None, causal, return_weights, training, bias, True
-        )
+            ops, q, keys, values, keep, None, causal, return_weights, training, bias, True,
+            checked,
+        )  # fmt: skip
         if not return_weights:
             return result, None
         heads, weights = result

@@ -32,7 +32,9 @@ What makes a recording replay correctly for other inputs:
   ``set_weights``. At most `KEPT` recordings are kept (the oldest goes first): each holds
   its folded constants, a copy of the joined kernels;
 * arguments that are not arrays (None, Python numbers) are part of the key that selects a
-  recording, with the shapes and dtypes of the tensors.
+  recording, with the shapes and dtypes of the tensors and the enclosing
+  `multiattn._namespace.owned_caches` block (what it vouches for changes what is
+  recorded).
 
 It runs under ``torch.no_grad()``: generation needs no gradients. A step that cannot be
 recorded runs eagerly, with a ``RuntimeWarning`` that says why.
@@ -111,9 +113,12 @@ class TracedStep:
     def __call__(self, *args: Any) -> Any:
         import torch
 
+        from .._namespace import cache_scope
+
         tensors: list = []
         skeleton = _split(args, tensors, torch)
-        key = (repr(skeleton), tuple((tuple(t.shape), t.dtype) for t in tensors))
+        shapes = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        key = (repr(skeleton), shapes, cache_scope())
         if self._values is None:
             self.sync()
         with torch.no_grad():

@@ -105,6 +105,7 @@ def attend(
     block_size: tuple[int, int] | None = None,
     bias: Any = None,
     kv_heads_first: bool = False,
+    kv_finite: bool = False,
 ) -> Any:
     """Attention on validated ``(batch, seq, heads, dim)`` arrays (internal).
 
@@ -140,6 +141,10 @@ def attend(
         kv_heads_first: ``key`` and ``value`` come heads first, ``(B, Hkv, Tk, D)`` and
             ``(B, Hkv, Tk, Dv)`` (a KV cache's layout): the explicit path contracts them
             where they are; the other paths move them to ``(B, Tk, Hkv, D)`` first.
+        kv_finite: the caller vouches that ``key`` and ``value`` hold no NaN or infinity
+            (a checked KV cache): the explicit path then runs unscreened (it gives the
+            rows of a non-finite query NaN by itself); the other paths keep screening
+            the query.
 
     Returns:
         ``(B, Tq, H, Dv)``, and the weights ``(B, H, Tq, Tk)`` when ``return_weights``.
@@ -197,7 +202,7 @@ def attend(
         return (out,) if weights is None else (out, weights)
 
     inputs = (query, key, value)
-    if how.screen == "none":
+    if how.screen == "none" or (kv_finite and how.path == "explicit"):
         results = run(*inputs)
     else:
         # NaN and infinities must not meet a masked position in a product (0 * NaN is

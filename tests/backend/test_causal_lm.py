@@ -318,6 +318,27 @@ def test_compiled_step_is_kept_and_follows_new_weights(tmp_path):
     assert not np.array_equal(again, first)
 
 
+@pytest.mark.parametrize("compiled_loop", [True, False])
+def test_nan_in_masked_cache_slots_changes_no_token(tmp_path, compiled_loop):
+    """The pad token's embedding set to NaN puts NaN keys and values in the padded
+    (masked) slots of the caches: generate then keeps the attention's screen on (its
+    check after the prompt fails) and gives the tokens of the same model with a finite
+    pad embedding, in the compiled loop and in the Python loop."""
+    from multiattn import config
+
+    _build("llama", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    assert not model.layer.tied
+    ids, mask = _batch()
+    with config.settings(compiled_loop=compiled_loop):
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=6)
+        word = to_np(model.layer.word).copy()
+        word[0] = np.nan  # id 0 is the pad of the second row
+        model.layer.word.assign(word)
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=6)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="the traced step is torch's")
 @pytest.mark.parametrize("case", ["gpt2", "llama3", "mistral"])
 def test_torch_traced_step_matches_the_eager_step(tmp_path, case):

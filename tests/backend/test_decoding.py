@@ -356,9 +356,10 @@ def test_owned_cache_under_compilation_with_tensor_index(index_checked):
     assert_close(np.concatenate(outs, 1), want, "float32", LAYER_TOL)
 
 
-def test_owned_caches_checks_its_argument():
-    with pytest.raises(TypeError, match=r"index_checked.*received 1"):
-        with owned_caches(index_checked=1):
+@pytest.mark.parametrize("name", ["index_checked", "values_checked"])
+def test_owned_caches_checks_its_arguments(name):
+    with pytest.raises(TypeError, match=rf"{name}.*received 1"):
+        with owned_caches(**{name: 1}):
             pass
 
 
