@@ -143,8 +143,8 @@ def attend(
             where they are; the other paths move them to ``(B, Tk, Hkv, D)`` first.
         kv_finite: the caller vouches that ``key`` and ``value`` hold no NaN or infinity
             (a checked KV cache): the explicit path then runs unscreened (it gives the
-            rows of a non-finite query NaN by itself); the other paths keep screening
-            the query.
+            rows of a non-finite query NaN by itself); the fused kernel's screen covers
+            the query alone.
 
     Returns:
         ``(B, Tq, H, Dv)``, and the weights ``(B, H, Tq, Tk)`` when ``return_weights``.
@@ -202,7 +202,10 @@ def attend(
         return (out,) if weights is None else (out, weights)
 
     inputs = (query, key, value)
-    if how.screen == "none" or (kv_finite and how.path == "explicit"):
+    screen = how.screen
+    if kv_finite:  # the keys and values need no screen; only a fused kernel the query's
+        screen = "none" if how.path == "explicit" or screen == "none" else "query"
+    if screen == "none":
         results = run(*inputs)
     else:
         # NaN and infinities must not meet a masked position in a product (0 * NaN is
@@ -220,7 +223,7 @@ def attend(
                 finite, lambda: fast, lambda: exact(run(*_replace_non_finite(ops, inputs)))
             )
         else:
-            finite = _all_finite(ops, inputs if how.screen == "all" else (query,))
+            finite = _all_finite(ops, inputs if screen == "all" else (query,))
             q, k, v = ops.cond(finite, lambda: inputs, lambda: _replace_non_finite(ops, inputs))
             computed = run(q, k, v)
             results = ops.cond(finite, lambda: computed, lambda: exact(computed))

@@ -162,6 +162,30 @@ def test_heads_first_keys_and_values_give_the_same_attention(path, poison):
     assert np.isfinite(out[1]).all()
 
 
+@pytest.mark.parametrize("path", ["fused", "explicit"])
+@pytest.mark.parametrize("query_nan", [False, True])
+def test_finite_keys_and_values_skip_their_screen_with_the_same_numbers(path, query_nan):
+    """``kv_finite`` (a checked cache) leaves out the screen of the keys and values: on
+    finite keys and values the same outputs as with it, heads first and grouped, and the
+    rows of a non-finite query are NaN still (rows that attend nothing stay 0)."""
+    from multiattn import config
+
+    b, tq, tk, h, kv, d = 2, 3, 6, 4, 2, 3
+    q = RNG.standard_normal((b, tq, h, d))
+    k, v = RNG.standard_normal((b, kv, tk, d)), RNG.standard_normal((b, kv, tk, d))
+    if query_nan:
+        q[1, 2, 0, 1] = np.nan
+    args = [cast(x, "float32") for x in (q, k, v)]
+    ns = get_ops(args[0])
+    kw = dict(valid_lens=keras.ops.convert_to_tensor(np.array([4, 6]), "int32"), scale=0.5)
+    with config.settings(fused_attention=path == "fused"):
+        want = to_np(attend(ns, *args, kv_heads_first=True, **kw))
+        got = to_np(attend(ns, *args, kv_heads_first=True, kv_finite=True, **kw))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert np.isnan(got[1, 2, 0]).all() == query_nan and np.isfinite(got[0]).all()
+
+
 @st.composite
 def gqa_case(draw):
     kv = draw(st.sampled_from([1, 2, 3]))
