@@ -31,13 +31,20 @@ def src(tmp_path: Path) -> Path:
     return path
 
 
-def _slow_writer(src: Path, dst: Path, marker: Path) -> subprocess.Popen:
+def _slow_writer(src: Path, dst: Path, marker: Path, ignored: str = "") -> subprocess.Popen:
     """``multiattn port`` whose safetensors writer writes half a file into the temporary
-    file, says where (``marker``) and then stalls, to be stopped from outside."""
+    file, says where (``marker``) and then stalls, to be stopped from outside.
+
+    It starts with the default disposition of SIGTERM, SIGINT and SIGHUP, as a shell
+    starts it, whatever this test process inherited (under ``nohup`` SIGHUP arrives
+    ignored, and the port keeps what is ignored); ``ignored`` names one to ignore."""
     script = textwrap.dedent(f"""
-        import pathlib, sys, time
+        import pathlib, signal, sys, time
         import safetensors.numpy as stn
         from multiattn.port.cli import main
+        for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+            ignore = name == {ignored!r}
+            signal.signal(getattr(signal, name), signal.SIG_IGN if ignore else signal.SIG_DFL)
         def stalling(tensors, filename, metadata=None):
             with open(filename, "wb") as fh:
                 fh.write(b"half a file")
@@ -79,6 +86,21 @@ def test_signal_during_write_removes_the_temporary_file(tmp_path, src, sig, exis
         only(tmp_path, "in.safetensors", "out.safetensors")
     else:
         only(tmp_path, "in.safetensors")
+
+
+def test_an_ignored_signal_stays_ignored_during_the_write(tmp_path, src):
+    """Started with SIGHUP ignored (``nohup``), the port does not take SIGHUP over: the
+    write goes on; SIGTERM still stops it and removes the temporary file."""
+    dst, marker = tmp_path / "out.safetensors", tmp_path.parent / f"{tmp_path.name}.marker"
+    proc = _slow_writer(src, dst, marker, ignored="SIGHUP")
+    proc.send_signal(signal.SIGHUP)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted by SIGTERM while writing" in stderr
+    only(tmp_path, "in.safetensors")
 
 
 def test_sigkill_leaves_a_recognisable_file_the_next_run_removes(tmp_path, src):
