@@ -21,6 +21,7 @@ import numpy as np
 from keras import layers as _keras_layers  # Keras' own, also in the Paddle twins
 
 from .._namespace import cache_scope, enter_cache_scope, owned_caches
+from ..ops.attention import all_finite
 
 __all__ = ["GenerationMixin", "choose_tokens"]
 
@@ -167,13 +168,11 @@ def step_token(token: Any) -> Any:
 
 
 def _finite(caches: Any) -> bool:
-    """Whether every cache holds only finite values: one sum per cache (NaN and
-    infinities survive a sum; a sum of finite values that overflows only keeps the
-    screen on)."""
-    ops = keras.ops
-    return all(
-        bool(np.isfinite(ops.convert_to_numpy(ops.sum(c)))) for c in keras.tree.flatten(caches)
-    )
+    """Whether every cache holds only finite values, by the attention's own screen
+    (`multiattn.ops.attention.all_finite`: sums, which NaN and infinities survive; an
+    overflowing sum of finite values only keeps the screen on)."""
+    finite = all_finite(keras.ops, tuple(keras.tree.flatten(caches)))
+    return bool(keras.ops.convert_to_numpy(finite))
 
 
 def _without_unit_axes(caches: Any) -> Any:

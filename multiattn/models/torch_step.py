@@ -30,7 +30,7 @@ What makes a recording replay correctly for other inputs:
   drops every recording when one has changed since (a new tensor, or an in-place
   update: PyTorch's version counter), so a kept recording follows training and
   ``set_weights``. At most `KEPT` recordings are kept (the oldest goes first): each holds
-  its folded constants, a copy of the joined kernels;
+  its folded constants (the joined kernels, where the step joins them);
 * arguments that are not arrays (None, Python numbers) are part of the key that selects a
   recording, with the shapes and dtypes of the tensors and the enclosing
   `multiattn._namespace.owned_caches` block (what it vouches for changes what is

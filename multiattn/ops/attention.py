@@ -116,7 +116,7 @@ def attend(
 
     Positions a row may not attend have no effect on it, whatever they hold: when a mask
     is given (and on the fused path, whose kernel may zero a row with a NaN query), the
-    inputs are screened for NaN and infinities (`_all_finite`, one sum each; on the
+    inputs are screened for NaN and infinities (`all_finite`, one sum each; on the
     explicit path, where the scores are fewer than the keys and values, the query, scores
     and output instead: `_screens_scores`) and, if there are any, the attention runs on
     the inputs with them replaced by 0 (`_replace_non_finite`) and the rows that attend
@@ -218,12 +218,12 @@ def attend(
         if _screens_scores(how, spec):
             scores: list = []
             fast = run(*inputs, scores)
-            finite = _all_finite(ops, (query, scores[0], fast[0]))
+            finite = all_finite(ops, (query, scores[0], fast[0]))
             results = ops.cond(
                 finite, lambda: fast, lambda: exact(run(*_replace_non_finite(ops, inputs)))
             )
         else:
-            finite = _all_finite(ops, inputs if screen == "all" else (query,))
+            finite = all_finite(ops, inputs if screen == "all" else (query,))
             q, k, v = ops.cond(finite, lambda: inputs, lambda: _replace_non_finite(ops, inputs))
             computed = run(q, k, v)
             results = ops.cond(finite, lambda: computed, lambda: exact(computed))
@@ -310,7 +310,7 @@ def _screens_scores(how: plan.AttentionPlan, spec: plan.AttentionSpec) -> bool:
     return heads * queries * (keys + value_width) < keys * kv_heads * (width + value_width)
 
 
-def _all_finite(ops: Any, tensors: tuple) -> Any:
+def all_finite(ops: Any, tensors: tuple) -> Any:
     """A scalar bool: True when every entry of ``tensors`` is finite, and usually False
     otherwise. One sum per tensor (NaN and infinities survive a sum): much cheaper than
     testing every entry. A sum of finite entries can overflow too; the caller then takes
@@ -877,7 +877,7 @@ def score_attention(
         # A masked weight is exactly 0, but 0 * NaN is NaN: non-finite values are replaced
         # by 0 and the rows that may attend one get NaN (masked scores are selected away
         # by the softmax already).
-        finite = _all_finite(ops, (value,))
+        finite = all_finite(ops, (value,))
         clean = ops.cond(finite, lambda: value, lambda: _replace_non_finite(ops, (value,))[0])
         out = ops.einsum("...qk,...kd->...qd", mixed, clean)
         out = ops.cond(finite, lambda: out, lambda: _poison_score_rows(ops, out, value, keep))
