@@ -504,11 +504,11 @@ def _explicit_attention(
         k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (key, value))
     heads, kv_heads = shape_of(q)[1], shape_of(k)[1]
     if heads == kv_heads:
-        scores = ops.einsum("bhqd,bhkd->bhqk", q, k)
+        scores = _score_product(ops, q, k, kv_heads_first)
     else:
         b, tq, tk = (_size(ops, t, axis) for t, axis in ((q, 0), (q, 2), (k, 2)))
         q = ops.reshape(q, (b, kv_heads, (heads // kv_heads) * tq, shape_of(q)[3]))
-        scores = ops.reshape(ops.einsum("bhqd,bhkd->bhqk", q, k), (b, heads, tq, tk))
+        scores = ops.reshape(_score_product(ops, q, k, kv_heads_first), (b, heads, tq, tk))
     if raw_scores is not None:
         raw_scores.append(scores)
     if bias is not None:
@@ -527,6 +527,23 @@ def _explicit_attention(
         row_any = ops.any(keep, axis=-1, keepdims=True)  # (B|1, H|1, Tq, 1)
         out = ops.where(ops.transpose(row_any, (0, 2, 1, 3)), out, 0.0)
     return out, None
+
+
+def _score_product(ops: Any, q: Any, k: Any, cached: bool) -> Any:
+    """The scores ``(B, H, R, Tk)`` of queries ``q`` ``(B, H, R, D)`` against keys ``k``
+    ``(B, H, Tk, D)``.
+
+    For a cache's keys (``cached``) and few query rows (``R <= D / 4``: a decoding step,
+    whose rows are the one query times the heads of its key/value group) the product is
+    taken keys first, ``k @ q^T``, and its small ``(Tk, R)`` result transposed (for one
+    row a mere reshape). XLA:CPU in TensorFlow moves the right operand of a product to
+    contraction-first layout, which for ``q @ k^T`` meant a transposed copy of every key
+    cache in every step: GPT-2 shape, prompt 512, batch 1, 0.81 against 0.62 ms per token
+    (prompt 128: 0.64 against 0.48); jax's per-token times were the same either way."""
+    rows, dim = shape_of(q)[2], shape_of(q)[3]
+    if cached and rows is not None and dim is not None and 4 * rows <= dim:
+        return ops.transpose(ops.einsum("bhkd,bhqd->bhkq", k, q), (0, 1, 3, 2))
+    return ops.einsum("bhqd,bhkd->bhqk", q, k)
 
 
 def _check_qkv(

@@ -131,14 +131,17 @@ def test_grouped_query_paths_agree_with_fully_masked_rows(path):
 
 @pytest.mark.parametrize("path", ["fused", "explicit", "blockwise"])
 @pytest.mark.parametrize("poison", [None, "masked", "attended"])
-def test_heads_first_keys_and_values_give_the_same_attention(path, poison):
+@pytest.mark.parametrize("queries", ["three", "one"])
+def test_heads_first_keys_and_values_give_the_same_attention(path, poison, queries):
     """`attend` with the keys and values heads first (``kv_heads_first``, a KV cache's
     layout) computes what it computes on ``(B, T, H, D)`` on every path, grouped heads,
     a mask, and a NaN key at a masked or an attended position included (the NaN row
-    rule holds on either layout), weights too on the explicit path."""
+    rule holds on either layout), weights too on the explicit path. One query of width
+    8 (two query rows per key/value head) is a decoding step, whose scores the explicit
+    path takes keys first."""
     from multiattn import config
 
-    b, tq, tk, h, kv, d = 2, 3, 6, 4, 2, 3
+    b, tq, tk, h, kv, d = (2, 3, 6, 4, 2, 3) if queries == "three" else (2, 1, 6, 4, 2, 8)
     q = RNG.standard_normal((b, tq, h, d))
     k, v = RNG.standard_normal((b, tk, kv, d)), RNG.standard_normal((b, tk, kv, d))
     lens = np.array([4, 6])
@@ -363,16 +366,21 @@ def test_owned_cache_writes_in_place_and_equal_the_copying_writes(dtype, index_k
 
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="no compiler: indices are eager")
 @pytest.mark.parametrize("index_checked", [False, True])
-def test_owned_cache_under_compilation_with_tensor_index(index_checked):
+@pytest.mark.parametrize(
+    "batch,kv_heads", [(2, 2), (1, 1), (1, 4)], ids=["b2-kv2", "b1-kv1", "b1-kv4"]
+)
+def test_owned_cache_under_compilation_with_tensor_index(index_checked, batch, kv_heads):
     """The compiled step writing into caches it owns (a dynamic update slice on JAX)
     gives the full causal pass, for prompts and single tokens, with the traced index's
-    range test and without it (``index_checked``, as ``generate`` runs)."""
-    layer = _mha_for_cache(2, True)
-    x = cast(RNG.standard_normal((2, 5, 8)), "float32")
+    range test and without it (``index_checked``, as ``generate`` runs). At batch 1 the
+    write drops the cache's unit axes, and with one query row per key/value head the
+    scores are taken keys first and the output projection is a single row."""
+    layer = _mha_for_cache(kv_heads, True)
+    x = cast(RNG.standard_normal((batch, 5, 8)), "float32")
     want = to_np(layer(x, x, causal=True))
     with owned_caches(index_checked=index_checked):
         step = compiled(lambda t, c, i: layer(t, cache=c, cache_index=i))
-        out, cache = step(x[:, :2], layer.init_cache(2, 8), keras.ops.convert_to_tensor(0))
+        out, cache = step(x[:, :2], layer.init_cache(batch, 8), keras.ops.convert_to_tensor(0))
         outs = [to_np(out)]
         for t in range(2, 5):
             out, cache = step(x[:, t : t + 1], cache, keras.ops.convert_to_tensor(t, "int32"))

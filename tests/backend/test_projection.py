@@ -22,12 +22,15 @@ def _oracle(x, kernel, bias, contract):
     return y if bias is None else y + bias
 
 
-def _case(contract: int, with_bias: bool):
-    """x (2, 5, 3, 4) [contract 2: (..., 3, 4)] or (2, 5, 12) and a kernel to (3, 2)."""
+def _case(contract: int, with_bias: bool, rows: str = "many"):
+    """x (2, 5, 3, 4) [contract 2: (..., 3, 4)] or (2, 5, 12) and a kernel to (3, 2);
+    ``rows="one"``: leading sizes (1, 1) (a decoding step at batch 1, which TensorFlow's
+    namespace contracts over several axes in two steps)."""
+    lead = (2, 5) if rows == "many" else (1, 1)
     if contract == 1:
-        x, kernel = RNG.standard_normal((2, 5, 12)), RNG.standard_normal((12, 3, 2))
+        x, kernel = RNG.standard_normal((*lead, 12)), RNG.standard_normal((12, 3, 2))
     else:
-        x, kernel = RNG.standard_normal((2, 5, 3, 4)), RNG.standard_normal((3, 4, 6))
+        x, kernel = RNG.standard_normal((*lead, 3, 4)), RNG.standard_normal((3, 4, 6))
     bias = RNG.standard_normal(kernel.shape[contract:]) if with_bias else None
     return x, kernel, bias
 
@@ -46,8 +49,9 @@ def onednn(request):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("contract", [1, 2])
-def test_linear_against_oracle(dtype, contract, with_bias, onednn):
-    x, kernel, bias = _case(contract, with_bias)
+@pytest.mark.parametrize("rows", ["many", "one"])
+def test_linear_against_oracle(dtype, contract, with_bias, rows, onednn):
+    x, kernel, bias = _case(contract, with_bias, rows)
     ops = get_ops()
     got = ops.linear(
         cast(x, dtype),
@@ -67,8 +71,9 @@ def test_linear_against_oracle(dtype, contract, with_bias, onednn):
 
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d in ("float32", "float64")])
 @pytest.mark.parametrize("contract", [1, 2])
-def test_linear_gradients_against_oracle(dtype, contract, onednn):
-    x, kernel, bias = _case(contract, True)
+@pytest.mark.parametrize("rows", ["many", "one"])
+def test_linear_gradients_against_oracle(dtype, contract, rows, onednn):
+    x, kernel, bias = _case(contract, True, rows)
     weights = RNG.standard_normal(x.shape[: x.ndim - contract] + kernel.shape[contract:])
     ops = get_ops()
     w = cast(weights, dtype)
