@@ -62,6 +62,7 @@ __all__ = [
     "get_attention_memory_budget",
     "get_block_size",
     "get_compiled_loop",
+    "get_decode_threads",
     "get_fused_attention",
     "get_fused_projections",
     "get_torch_onednn",
@@ -201,6 +202,7 @@ def settings(
     torch_traced_step: bool | None = _UNSET,
     fused_projections: bool | None = _UNSET,
     compiled_loop: bool | None = _UNSET,
+    decode_threads: int | None = _UNSET,
 ) -> Iterator[None]:
     """Scoped settings: inside the block, the given values apply to every multiattn call
     in this thread or asyncio task (``with settings(attention_memory_budget="64MiB",
@@ -238,6 +240,15 @@ def settings(
             ``tf.while_loop`` compiled by XLA, with no return to Python between tokens.
             False loops in Python over the compiled one-token step (as sampling always
             does). Both give the same tokens. Read at each ``generate`` call.
+        decode_threads: how many threads greedy ``generate`` splits its rows over where
+            it runs the compiled loop (jax, TensorFlow): each thread decodes a group of
+            rows (its own prompt pass and loop, compiled per group shape), and XLA runs
+            the groups side by side on the machine's cores. None (the default) takes the
+            cores this process may run on (``os.sched_getaffinity``), at most one thread
+            per row; 1 decodes the batch in one piece. A positive int. Rows are
+            independent, so the tokens are those of each group decoded alone (a row
+            whose group stopped early is filled with ``pad_token_id``, as the unsplit
+            batch does after its end). Read at each ``generate`` call.
 
     Values are read when a function is traced: under ``jax.jit`` and ``tf.function`` the
     values in force at tracing time are compiled in.
@@ -259,6 +270,8 @@ def settings(
     for name, value in flags.items():
         if value is not _UNSET:
             changes[name] = _check_flag("settings", name, value)
+    if decode_threads is not _UNSET:
+        changes["decode_threads"] = _check_threads(decode_threads)
     token = _scoped.set({**_scoped.get(), **changes})
     try:
         yield
@@ -277,6 +290,14 @@ def _block_pair(block_size: Any) -> tuple[int, int]:
             f"integers (queries, keys); received {block_size!r}."
         )
     return int(pair[0]), int(pair[1])
+
+
+def _check_threads(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+        raise TypeError(f"settings: `decode_threads` must be an int or None; received {value!r}.")
+    if value is not None and value < 1:
+        raise ValueError(f"settings: `decode_threads` must be >= 1; received {value!r}.")
+    return None if value is None else int(value)
 
 
 def _check_flag(where: str, name: str, value: Any) -> bool | None:
@@ -349,6 +370,19 @@ def get_compiled_loop() -> bool:
     ``generate`` runs its tokens in one compiled loop on jax and TensorFlow."""
     value = _scoped.get().get("compiled_loop")
     return True if value is None else value
+
+
+def get_decode_threads() -> int:
+    """The innermost `settings` value of ``decode_threads``, else the number of cores this
+    process may run on (``os.sched_getaffinity``; ``os.cpu_count`` where that is
+    missing): how many groups of rows greedy ``generate`` decodes side by side in its
+    compiled loop (at most one per row)."""
+    value = _scoped.get().get("decode_threads")
+    if value is not None:
+        return value
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 def get_torch_onednn() -> bool | None:

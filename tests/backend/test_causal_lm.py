@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 
 import keras
@@ -318,6 +319,46 @@ def test_compiled_step_is_kept_and_follows_new_weights(tmp_path):
     assert not np.array_equal(again, first)
 
 
+def _large_copies(hlo: str, shapes: list) -> list:
+    """The copies and transposes of XLA program text ``hlo``, outside its entry
+    computation, whose result has the sizes of one of ``shapes`` (unit axes aside, in any
+    order)."""
+    wanted = {tuple(sorted(n for n in shape if n != 1)) for shape in shapes}
+    found, entry = [], False
+    for line in hlo.splitlines():
+        entry = line.startswith("ENTRY") or (entry and line.strip() != "}")
+        result = re.search(r"= [a-z0-9]+\[([0-9,]*)\]\S* (copy|transpose)\(", line)
+        if result and not entry:
+            dims = tuple(sorted(int(n) for n in result.group(1).split(",") if n and n != "1"))
+            if dims in wanted:
+                found.append(line.strip()[:160])
+    return found
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="compiled on jax and TF")
+@pytest.mark.parametrize("case", ["gpt2", "llama"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_compiled_loop_copies_no_cache(tmp_path, case, batch):
+    """XLA's optimised program of the compiled greedy loop holds no copy or transpose of
+    a cache outside its entry (which copies the caches passed in, once): every step
+    updates the caches in place and reads them where they are. Each of these held one
+    per cache and step before: the loop carrying unit axes (jax and TensorFlow), the
+    update of a four-axis view (TensorFlow) and the scores with the keys on the right
+    (TensorFlow, a transposed key cache)."""
+    from multiattn.config import owned_caches
+
+    _build(case, tmp_path / "m")
+    layer = from_pretrained(tmp_path / "m").layer
+    ids = np.random.default_rng(0).integers(1, VOCAB, (batch, 6))
+    with owned_caches(index_checked=True):
+        logits, state, _ = layer._begin(ids, np.ones_like(ids), 5)
+        with owned_caches(index_checked=True, values_checked=True):
+            hlo = layer._compiled_loop().optimized_hlo(logits, state, 5, (), None)
+    assert " while(" in hlo
+    shapes = [tuple(c.shape) for c in keras.tree.flatten(state["caches"])]
+    assert shapes and not _large_copies(hlo, shapes), _large_copies(hlo, shapes)
+
+
 @pytest.mark.parametrize("compiled_loop", [True, False])
 def test_nan_in_masked_cache_slots_changes_no_token(tmp_path, compiled_loop):
     """The pad token's embedding set to NaN puts NaN keys and values in the padded
@@ -417,10 +458,13 @@ def test_torch_step_that_cannot_be_recorded_runs_eagerly(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("ends", ["none", "one row", "every row"])
-def test_compiled_loop_gives_the_python_loop_tokens(tmp_path, ends):
+@pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
+def test_compiled_loop_gives_the_python_loop_tokens(tmp_path, ends, threads):
     """Greedy generate runs its tokens in one compiled loop on jax and TensorFlow (kept
     on the model); it gives the tokens of the Python loop over the compiled step, end of
-    sequence, padding after it and the early stop when every row has ended included."""
+    sequence, padding after it and the early stop when every row has ended included,
+    with the batch in one piece or its rows decoded in two threads (``decode_threads``:
+    with an end in one row, that row's group stops early and is padded)."""
     from multiattn import config
 
     _build("llama", tmp_path / "m")
@@ -430,7 +474,7 @@ def test_compiled_loop_gives_the_python_loop_tokens(tmp_path, ends):
     eos = {"none": None, "one row": int(greedy[0, 11]),
            "every row": [int(greedy[0, 10]), int(greedy[1, 12])]}[ends]  # fmt: skip
     args = {"attention_mask": mask, "max_new_tokens": 8, "eos_token_id": eos, "pad_token_id": 3}
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, config.settings(decode_threads=threads):
         warnings.simplefilter("always")
         got = model.generate(ids, **args)
     assert not [w for w in caught if "donated" in str(w.message)]  # jax: nothing wasted
@@ -452,6 +496,52 @@ def test_compiled_loop_setting_takes_a_bool():
     with config.settings(compiled_loop=False):
         assert config.get_compiled_loop() is False
     assert config.get_compiled_loop() is True
+
+
+def test_decode_threads_setting_checks_its_value_and_defaults_to_the_cores():
+    from multiattn import config
+
+    with pytest.raises(TypeError, match=r"decode_threads.*received 'two'"):
+        with config.settings(decode_threads="two"):
+            pass
+    with pytest.raises(TypeError, match=r"decode_threads.*received True"):
+        with config.settings(decode_threads=True):
+            pass
+    with pytest.raises(ValueError, match=r"decode_threads.*>= 1; received 0"):
+        with config.settings(decode_threads=0):
+            pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert config.get_decode_threads() == max(1, cores)
+    with config.settings(decode_threads=3):
+        assert config.get_decode_threads() == 3
+        with config.settings(decode_threads=None):
+            assert config.get_decode_threads() == max(1, cores)
+
+
+@pytest.mark.parametrize("threads,batch", [(2, 5), (3, 2), (1, 4), (4, 8)])
+def test_rows_are_split_into_nearly_equal_groups_for_the_compiled_loop(tmp_path, threads, batch):
+    """``decode_threads`` groups of nearly equal size (at most one per row) where greedy
+    decoding runs the compiled loop (jax, TensorFlow); one group when sampling and on the
+    other backends, and the groups' tokens are those of the batch decoded in one piece."""
+    from multiattn import config
+
+    _build("gpt2", tmp_path / "m")
+    layer = from_pretrained(tmp_path / "m").layer
+    greedy = _decode_args(np.zeros((batch, 1)), np.zeros((batch, 1)), 1)[3]
+    with config.settings(decode_threads=threads):
+        groups = layer._row_groups(batch, greedy)
+        assert layer._row_groups(batch, {**greedy, "do_sample": True}) == [slice(0, batch)]
+    sizes = [g.stop - g.start for g in groups]
+    assert groups[0].start == 0 and groups[-1].stop == batch and sum(sizes) == batch
+    if BACKEND in ("jax", "tensorflow"):
+        assert len(groups) == min(threads, batch) and max(sizes) - min(sizes) <= 1
+    else:
+        assert groups == [slice(0, batch)]
+    ids = np.random.default_rng(batch).integers(1, VOCAB, (batch, 4))
+    with config.settings(decode_threads=threads):
+        got = layer.generate(ids, max_new_tokens=3)
+    with config.settings(decode_threads=1):
+        np.testing.assert_array_equal(got, layer.generate(ids, max_new_tokens=3))
 
 
 def test_traced_step_setting_takes_a_bool():
