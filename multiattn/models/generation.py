@@ -16,6 +16,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import inspect
+import itertools
 from typing import Any
 
 import keras
@@ -339,7 +340,7 @@ class GenerationMixin:
         count = min(config.get_decode_threads(), batch)
         self._prefill_step()  # made once here, not by each thread
         bounds = [batch * i // count for i in range(count + 1)]
-        return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
     def _decode_rows(self, ids, mask, new, options, eos, pad) -> np.ndarray:
         """`_loop` with the caches it makes written in place (`owned_caches`), under
