@@ -131,10 +131,13 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
                 "tokens_per_s": batch * (new - 1) / (steps / 1e3) if steps > 0 else None,
             })  # fmt: skip
         del model
-    from multiattn import tuning
+    from multiattn import config, tuning
 
-    return {"backend": "paddle" if framework == "paddle" else keras.backend.backend(),
-            "rows": rows, "decisions": tuning.decisions()}  # fmt: skip
+    backend = "paddle" if framework == "paddle" else keras.backend.backend()
+    # greedy decoding splits its rows over this many threads where the loop is compiled
+    threads = config.get_decode_threads() if backend in ("jax", "tensorflow") else 1
+    return {"backend": backend, "rows": rows, "decisions": tuning.decisions(),
+            "decode_threads": threads}  # fmt: skip
 
 
 def _transformers_runner(folder: str, ids: np.ndarray):
@@ -208,6 +211,8 @@ def print_decode(section: dict, console: Any) -> None:
     for fw, info in section["frameworks"].items():
         if info.get("status") != "ran":
             console.print(f"{fw}: {info.get('status')} ({info.get('reason', '')})")
+        elif info.get("decode_threads", 1) > 1:
+            console.print(f"{fw}: greedy rows decoded in up to {info['decode_threads']} threads")
 
 
 def write_decode_plot(section: dict, path: Path) -> None:
