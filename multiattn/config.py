@@ -1,6 +1,7 @@
 """Runtime settings of multiattn, scoped or process-wide.
 
-Three settings:
+The settings are the arguments of `settings` (documented there). Three of them shape
+memory and kernels everywhere:
 
 * ``attention_memory_budget``: the most memory, in bytes, that the attention score
   matrix of one call may take. When the scores of a call (``batch * heads * queries *
@@ -13,6 +14,10 @@ Three settings:
   budget).
 * ``torch_onednn``: which library runs dense projections on PyTorch CPU (see
   `set_torch_onednn`; unset, it is measured on the running machine by `multiattn.tuning`).
+
+The others choose kernels that are otherwise measured (``fused_attention``,
+``fused_projections``) and how ``generate`` runs (``torch_traced_step``,
+``compiled_loop``, ``decode_threads``).
 
 A value is looked up, in order of precedence:
 

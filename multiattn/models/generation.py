@@ -7,7 +7,9 @@ Sampling (temperature, top-k and top-p) is done in NumPy float64 on the last pos
 logits, with a NumPy generator seeded by ``seed``, in a Python loop over the compiled
 step. Greedy decoding on jax and TensorFlow runs all its steps in one compiled loop
 (`GenerationMixin._greedy`), the argmax included; elsewhere the Python loop takes the
-argmax in NumPy. Both loops give the same tokens.
+argmax in NumPy. Both loops give the same tokens. Where the loop is compiled, greedy
+decoding splits the batch's rows into groups decoded side by side in threads
+(`GenerationMixin._row_groups`, ``settings(decode_threads=...)``).
 """
 
 from __future__ import annotations
