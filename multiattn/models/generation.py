@@ -25,7 +25,7 @@ import keras
 import numpy as np
 from keras import layers as _keras_layers  # Keras' own, also in the Paddle twins
 
-from .._namespace import cache_scope, enter_cache_scope, owned_caches
+from .._namespace import cache_kept_axes, cache_scope, enter_cache_scope, owned_caches
 from ..ops.attention import all_finite
 
 __all__ = ["GenerationMixin", "choose_tokens"]
@@ -191,7 +191,7 @@ def _without_unit_axes(caches: Any) -> Any:
     (8 heads, 576 slots of 32, batch 1) on jax: 945 microseconds per step with the batch
     axis carried, 179 without."""
     return keras.tree.map_structure(
-        lambda c: keras.ops.reshape(c, tuple(d for i, d in enumerate(c.shape) if i > 1 or d != 1)),
+        lambda c: keras.ops.reshape(c, tuple(c.shape[i] for i in cache_kept_axes(c.shape))),
         caches,
     )
 
@@ -305,6 +305,7 @@ class GenerationMixin:
         groups = self._row_groups(ids.shape[0], options)
         if len(groups) == 1:
             return self._decode_rows(ids, mask, new, options, eos, pad)
+        self._prefill_step()  # made once here, not by each thread
         with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
             # each thread runs in a copy of the caller's context (its `settings` blocks)
             runs = [
@@ -340,7 +341,6 @@ class GenerationMixin:
         if options["do_sample"] or self._compiled_loop() is None:
             return [slice(0, batch)]
         count = min(config.get_decode_threads(), batch)
-        self._prefill_step()  # made once here, not by each thread
         bounds = [batch * i // count for i in range(count + 1)]
         return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
