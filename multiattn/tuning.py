@@ -441,7 +441,10 @@ def fused_attention_pays(
         measurable, why = False, "a length or width unknown at trace time"
     if kv_heads_first and how.traced and how.xla:
         # Not timed: alone the two tie, but the loop differs (generate, Llama shape,
-        # prompt 512, batch 8, TensorFlow: 1.5 ms per token explicit, 5.9 ms fused).
+        # prompt 512, batch 8, TensorFlow: 1.5 ms per token explicit, 5.9 ms fused). A
+        # class of its own, so that a decision timed on eager calls of the same sizes
+        # is not reused here.
+        cls["cache_under_xla"] = True
         measurable, why, fallback = False, _CACHE_UNDER_XLA, False
     heads, queries = max(1, (b or 1) * (h or 1)), tq
     if measurable:

@@ -308,6 +308,37 @@ def test_a_cache_under_xla_takes_the_explicit_path_untimed(monkeypatch):
     assert decision["how"] == "fallback" and "heads first" in decision["reason"]
 
 
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="XLA backends")
+def test_an_eager_decision_is_not_reused_for_a_cache_under_xla(monkeypatch):
+    """The fused kernel measured faster on eager calls of the same sizes does not carry
+    over to the cache in compiled code, which keeps the explicit path (the two are
+    classes of their own)."""
+    ops = get_ops()
+    q, k, v = _qkv(1, 8)
+    k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (k, v))
+    monkeypatch.setattr(
+        tuning, "_measure", lambda fns, repeats, sync: ({"fused": [1.0], "explicit": [2.0]}, {})
+    )
+    assert tuning.fused_attention_pays(ops, q, k, v, explicit=_explicit, kv_heads_first=True)
+    seen = []
+
+    def traced(q, k, v):
+        seen.append(
+            tuning.fused_attention_pays(ops, q, k, v, explicit=_explicit, kv_heads_first=True)
+        )
+        return q
+
+    if BACKEND == "jax":
+        import jax
+
+        jax.jit(traced)(q, k, v)
+    else:
+        import tensorflow as tf
+
+        tf.function(traced, jit_compile=True)(q, k, v)
+    assert seen == [False]
+
+
 def test_symbolic_tensors_take_the_namespace_default(monkeypatch):
     no_timing(monkeypatch)
     ops = get_ops()
