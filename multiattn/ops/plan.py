@@ -28,6 +28,7 @@ __all__ = [
     "AttentionSpec",
     "Capabilities",
     "plan_attention",
+    "wants_chunk_timing",
     "wants_timing",
 ]
 
@@ -71,6 +72,7 @@ class Capabilities:
     fused_attention_groups: bool = False
     fused_attention_pays: bool = True
     softmax_exact_zeros: bool = False
+    maps_batch: bool = False
 
     @classmethod
     def of(cls, ops: Any) -> Capabilities:
@@ -82,6 +84,7 @@ class Capabilities:
             fused_attention_groups=bool(ops.fused_attention_groups),
             fused_attention_pays=bool(ops.fused_attention_pays),
             softmax_exact_zeros=bool(ops.softmax_exact_zeros),
+            maps_batch=bool(ops.maps_batch),
         )
 
 
@@ -101,7 +104,9 @@ class AttentionSpec:
     None) are the scoped settings of `multiattn.config` (or the call's own block size).
     ``fused_faster``: whether the fused kernel beat the explicit path on this machine
     for this shape class; None where not measured (the namespace's
-    ``fused_attention_pays`` then applies).
+    ``fused_attention_pays`` then applies). ``chunks``: at most this many slices of the
+    batch for the explicit path to run over in turn (``settings(attention_chunks=...)``,
+    or measured by `multiattn.tuning.attention_chunks`); None: one piece.
 
     A key/value head count that does not divide the query heads is refused here
     (``ValueError``), so no spec describes one.
@@ -126,8 +131,10 @@ class AttentionSpec:
     traced: bool = False
     block_size: tuple[int, int] | None = None
     fused_faster: bool | None = None
+    chunks: int | None = None
 
     def __post_init__(self) -> None:
+        _check_size("chunks", self.chunks)
         for name in ("batch", "heads", "kv_heads", "queries", "keys", "key_width", "value_width"):
             _check_size(name, getattr(self, name))
         _check_choice("lengths", self.lengths, ("none", "per_sequence", "per_query"))
@@ -170,7 +177,8 @@ class AttentionPlan:
     Construction refuses combinations no path implements (``ValueError``): blocks
     without the blockwise path (or the reverse), the kernel's causal flag off the fused
     path or with lengths, per-block masks off the blockwise path, weights or dropout off
-    the explicit path, an empty-row mode of another path.
+    the explicit path, an empty-row mode of another path, slices of the batch
+    (``chunks > 1``) off the explicit path or with weights or dropout.
     """
 
     path: Path
@@ -182,6 +190,7 @@ class AttentionPlan:
     screen: Screen = "none"
     weights: bool = False
     dropout: bool = False
+    chunks: int = 1
 
     def __post_init__(self) -> None:
         if self.path not in _PATHS:
@@ -215,6 +224,14 @@ def _plan_problems(plan: AttentionPlan) -> list[str]:
         (
             plan.screen == "none" and plan.path == "fused",
             "the fused kernel needs its query screened",
+        ),
+        (
+            isinstance(plan.chunks, bool) or not isinstance(plan.chunks, int) or plan.chunks < 1,
+            "chunks is an int >= 1",
+        ),
+        (
+            plan.chunks != 1 and (plan.path != "explicit" or plan.weights or plan.dropout),
+            "slices of the batch go with the explicit path without weights or dropout",
         ),
     ]
     return [message for broken, message in rules if broken]
@@ -273,6 +290,31 @@ def wants_timing(spec: AttentionSpec) -> bool:
     return (
         _eligible(spec) and not spec.needs_matrix and not _streams(spec) and _blocks(spec) is None
     )
+
+
+def wants_chunk_timing(spec: AttentionSpec) -> bool:
+    """The explicit path's slices of the batch are to be measured
+    (`multiattn.tuning.attention_chunks`): none were asked for (``chunks`` None), the
+    namespace maps batches, the call is compiled (``traced``: one program runs the
+    slices in a loop; eager calls run in one piece), the batch is known and above 1, and
+    the plan is the explicit path without weights or dropout."""
+    return (
+        spec.chunks is None
+        and spec.capabilities.maps_batch
+        and spec.traced
+        and (spec.batch or 0) > 1
+        and not spec.needs_matrix
+        and plan_attention(spec).path == "explicit"
+    )
+
+
+def _chunks(spec: AttentionSpec) -> int:
+    """The largest divisor of the batch not above ``spec.chunks``; 1 where the namespace
+    does not map batches, the batch is unknown or the whole weight matrix is needed."""
+    wanted = spec.chunks or 1
+    if wanted <= 1 or not spec.capabilities.maps_batch or not spec.batch or spec.needs_matrix:
+        return 1
+    return max(d for d in range(1, min(wanted, spec.batch) + 1) if spec.batch % d == 0)
 
 
 def _use_fused(spec: AttentionSpec) -> bool:
@@ -334,4 +376,5 @@ def _explicit_plan(spec: AttentionSpec) -> AttentionPlan:
         screen="all" if spec.masked else "none",
         weights=spec.weights,
         dropout=spec.dropout,
+        chunks=_chunks(spec),
     )

@@ -1,0 +1,195 @@
+"""The explicit attention path over slices of the batch (``settings(attention_chunks=n)``)
+against the float64 oracle: values with every kind of mask and bias, grouped heads,
+gradients, compiled calls, and the slices actually taken."""
+
+import keras
+import numpy as np
+import pytest
+from _support import BACKEND, TOL, assert_close, cast, gradients, numeric_grad, to_np
+
+from multiattn import config, ops, tuning
+from multiattn import reference as ref
+from multiattn._namespace import keras_namespace
+
+RNG = np.random.default_rng(11)
+B, H, TQ, TK, D = 4, 4, 9, 7, 8  # TQ: the screen runs before the path (`_screens_scores`)
+
+
+@pytest.fixture
+def slices(monkeypatch):
+    """The slice counts `map_batch` was called with during the test."""
+    seen: list[int] = []
+    cls = type(keras_namespace())
+    original = cls.map_batch
+
+    def spy(self, fn, args, chunks):
+        seen.append(chunks)
+        return original(self, fn, args, chunks)
+
+    monkeypatch.setattr(cls, "map_batch", spy)
+    return seen
+
+
+def _inputs(kv_heads: int = H) -> list[np.ndarray]:
+    shapes = ((B, H, TQ, D), (B, kv_heads, TK, D), (B, kv_heads, TK, D))
+    return [RNG.standard_normal(s) for s in shapes]
+
+
+CASES = {
+    "plain": {},
+    "mask per row": {"mask": RNG.random((B, H, TQ, TK)) < 0.7},
+    "mask broadcast": {"mask": RNG.random((1, 1, TQ, TK)) < 0.7},
+    "mask with empty rows": {"mask": np.arange(TQ)[:, None] > np.zeros((B, 1, 1, TK))},
+    "bias per row": {"bias": RNG.standard_normal((B, 1, TQ, TK))},
+    "bias broadcast": {"bias": RNG.standard_normal((H, TQ, TK))},
+    "lengths and causal": {"valid_lens": np.array([7, 3, 0, 5]), "causal": True},
+}
+
+
+def _oracle(q, k, v, kw):
+    """The float64 oracle's output and weights, the key/value heads repeated for their
+    query heads (head ``h`` reads key/value head ``h // (H / H_kv)``)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = (np.repeat(t, groups, axis=1) for t in (k, v))
+    return ref.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def _call(q, k, v, kw):
+    tensors = {
+        name: cast(value, "float32") if name == "bias" else value for name, value in kw.items()
+    }
+    if "valid_lens" in tensors:
+        tensors["valid_lens"] = keras.ops.convert_to_tensor(kw["valid_lens"], "int32")
+    return ops.scaled_dot_product_attention(q, k, v, **tensors)
+
+
+@pytest.mark.parametrize("kv_heads", [H, 2], ids=["heads", "grouped"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(("asked", "taken"), [(2, 2), (4, 4), (3, 2)])
+def test_slices_give_the_oracle_values(slices, case, kv_heads, asked, taken):
+    q, k, v = _inputs(kv_heads)
+    kw = CASES[case]
+    with config.settings(attention_chunks=asked, fused_attention=False):
+        got = _call(*(cast(a, "float32") for a in (q, k, v)), kw)
+    want = _oracle(q, k, v, kw)[0]
+    assert_close(got, want, "float32", TOL)
+    # PyTorch's kernel streams an unmasked call: the fused path, whatever the settings
+    streamed = BACKEND == "torch" and case == "plain"
+    assert slices == ([] if streamed else [taken]), f"map_batch calls {slices}, {BACKEND}"
+
+
+def test_one_slice_and_the_weights_run_in_one_piece(slices):
+    q, k, v = (cast(a, "float32") for a in _inputs())
+    with config.settings(attention_chunks=1, fused_attention=False):
+        ops.scaled_dot_product_attention(
+            q, k, v, bias=cast(CASES["bias per row"]["bias"], "float32")
+        )
+    with config.settings(attention_chunks=4, fused_attention=False):
+        _, weights = ops.scaled_dot_product_attention(q, k, v, return_weights=True)
+    assert slices == []
+    want = ref.scaled_dot_product_attention(*(to_np(t) for t in (q, k, v)))[1]
+    assert_close(weights, want, "float32", TOL)
+
+
+@pytest.mark.parametrize("case", ["mask per row", "mask with empty rows", "bias per row"])
+def test_slices_give_the_oracle_gradients(slices, case):
+    q, k, v = _inputs(2)
+    kw = CASES[case]
+    g = RNG.standard_normal((B, H, TQ, D))
+
+    def fn(qt, kt, vt):
+        with config.settings(attention_chunks=2, fused_attention=False):
+            out = _call(qt, kt, vt, kw)
+        return keras.ops.sum(out * cast(g, "float32"))
+
+    grads = gradients(fn, *(cast(a, "float32") for a in (q, k, v)))
+
+    def oracle(qa, ka, va):
+        return float((_oracle(qa, ka, va, kw)[0] * g).sum())
+
+    for name, got, want in zip("qkv", grads, numeric_grad(oracle, q, k, v)):
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err <= 1e-5, f"d{name}: relative error {err:.2e} ({BACKEND})"
+    assert slices and set(slices) == {2}
+
+
+def _compiler():
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function
+    pytest.skip(f"{BACKEND} is not compiled in this suite")
+
+
+def test_compiled_calls_take_the_slices_asked_for(slices):
+    q, k, v = (cast(a, "float32") for a in _inputs())
+    mask = CASES["mask per row"]["mask"]
+
+    def f(q, k, v):
+        with config.settings(attention_chunks=4, fused_attention=False):
+            return ops.scaled_dot_product_attention(q, k, v, mask=mask)
+
+    got = _compiler()(f)(q, k, v)
+    want = ref.scaled_dot_product_attention(*(to_np(t) for t in (q, k, v)), mask=mask)[0]
+    assert_close(got, want, "float32", TOL)
+    assert slices == [4]
+
+
+def test_compiled_calls_measure_the_slices_once_per_class(slices):
+    compiler = _compiler()
+    tuning.reset()
+    # scores of 8 * 4 * 128 * 128 float32 = 2 MiB, above CHUNK_MIN_BYTES
+    q, k, v = (cast(RNG.standard_normal((8, 4, 128, 16)), "float32") for _ in range(3))
+    assert 8 * 4 * 128 * 128 * 4 >= tuning.CHUNK_MIN_BYTES
+
+    def f(q, k, v):
+        with config.settings(fused_attention=False):
+            return ops.scaled_dot_product_attention(q, k, v)
+
+    got = compiler(f)(q, k, v)
+    want = ref.scaled_dot_product_attention(*(to_np(t) for t in (q, k, v)))[0]
+    assert_close(got, want, "float32", TOL)
+    found = [d for d in tuning.decisions() if d["op"] == "attention-chunks"]
+    assert len(found) == 1 and found[0]["how"] == "measured", found
+    # the leading axes (8, 4) are the batch of 32: powers of two up to 16
+    assert set(found[0]["median_ms"]) == {"1", "2", "4", "8", "16"}
+    choice = int(found[0]["choice"])
+    # the candidates above one slice are traced first, then the call takes the choice
+    assert slices == [2, 4, 8, 16] + ([choice] if choice > 1 else [])
+    compiler(f)(q, k, v)  # a second trace: the decision is reused, not timed again
+    assert len([d for d in tuning.decisions() if d["op"] == "attention-chunks"]) == 1
+    tuning.reset()
+
+
+def test_small_score_matrices_are_not_timed():
+    compiler = _compiler()
+    tuning.reset()
+    q, k, v = (cast(a, "float32") for a in _inputs())
+
+    def f(q, k, v):
+        with config.settings(fused_attention=False):
+            return ops.scaled_dot_product_attention(q, k, v)
+
+    compiler(f)(q, k, v)
+    found = [d for d in tuning.decisions() if d["op"] == "attention-chunks"]
+    assert [(d["choice"], d["how"]) for d in found] == [("1", "fallback")]
+    assert "CHUNK_MIN_BYTES" in found[0]["reason"]
+    tuning.reset()
+
+
+@pytest.mark.parametrize("value", [0, -2])
+def test_the_setting_refuses_counts_below_one(value):
+    with pytest.raises(ValueError, match=r"attention_chunks.*>= 1"):
+        with config.settings(attention_chunks=value):
+            pass
+
+
+@pytest.mark.parametrize("value", [2.0, True, "4"])
+def test_the_setting_refuses_other_types(value):
+    with pytest.raises(TypeError, match=r"attention_chunks.*int or None"):
+        with config.settings(attention_chunks=value):
+            pass
