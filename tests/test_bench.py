@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import mmap
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from multiattn.bench import attention_flops
@@ -74,6 +76,8 @@ def test_quick_run_reports_every_implementation(runs):
     machine = report["machine"]
     assert machine["cpu"] and set(machine["cpu_isa"]) <= set(machine["cpu_flags"])
     assert "CPU: " in log and "instruction sets:" in log and "Kernel choices" in log
+    assert machine["transparent_hugepages"] in ("always", "madvise", "never", None)
+    assert isinstance(machine["malloc_env"], dict) and "Memory: transparent huge pages" in log
     cfg = report["config"]
     assert (cfg["batch"], cfg["length"], cfg["width"], cfg["heads"]) == (2, 64, 64, 4)
     assert report["flops"]["forward"] == attention_flops(2, 64, 64, 4)["forward"]
@@ -109,6 +113,7 @@ def test_quick_run_reports_every_implementation(runs):
                 assert stats["ratio"] > 0 and math.isfinite(stats["ratio"])
                 assert stats["gflops"] > 0 and stats["peak_fraction"] > 0
                 assert stats["peak_mem_mib"] >= 0
+                assert stats["page_faults_per_call"] >= 0
                 ratios.append((rec["kind"], mode, stats["ratio"]))
         # the fastest native layer of each pass has ratio 1 exactly
         for mode in ("forward", "fwd_bwd"):
@@ -203,3 +208,46 @@ def test_importing_the_benchmark_loads_no_framework():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_page_faults_count_the_fresh_pages_a_call_touches():
+    from multiattn.bench.common import page_faults_per_call
+
+    def fresh():  # 64 MiB mapped anew on every call, one byte written per 4 KiB
+        area = mmap.mmap(-1, 64 << 20)
+        view = np.frombuffer(area, dtype=np.uint8)
+        view[::4096] = 1
+        del view
+        area.close()
+
+    kept = np.zeros(8 << 20)
+
+    def reused():
+        kept.fill(1.0)
+
+    assert page_faults_per_call(fresh) >= 0.9 * (64 << 20) / 4096 / 512  # huge pages or not
+    assert page_faults_per_call(reused) < 100
+
+
+@pytest.mark.parametrize(
+    ("value", "text"), [(None, "-"), (0, "0"), (812, "812"), (8192, "8.2k"), (93245.0, "93k")]
+)
+def test_page_fault_counts_are_printed_in_three_digits(value, text):
+    from multiattn.bench.report import _count
+
+    assert _count(value) == text
+
+
+def test_the_memory_setup_names_the_allocator_variables(monkeypatch):
+    from multiattn.bench.common import describe_memory, memory_setup
+
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    setup = memory_setup()
+    assert setup["malloc_env"]["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert "THP_MEM_ALLOC_ENABLE" not in setup["malloc_env"]
+    line = describe_memory(setup)
+    assert "GLIBC_TUNABLES=glibc.malloc.hugetlb=1" in line
+    assert describe_memory({}) == (
+        "Memory: transparent huge pages unknown; allocator variables: none set"
+    )

@@ -9,6 +9,7 @@ import ctypes
 import ctypes.util
 import gc
 import math
+import os
 import resource
 import statistics
 import sys
@@ -295,8 +296,55 @@ def machine_info() -> dict[str, Any]:
         "cpu_flags": cpu["flags"],
         "cores": cpu["cores"],
         "memory_gib": None if mem is None else round(mem / 2**30, 1),
+        **memory_setup(),
         "python": platform.python_version(),
     }
+
+
+#: Environment variables that change how the C allocator (glibc) or PyTorch's CPU
+#: allocator take memory from the kernel; the benchmark records those set.
+MALLOC_ENV = ("GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE", "LD_PRELOAD")
+
+
+def memory_setup() -> dict[str, Any]:
+    """How fresh memory reaches the processes: the kernel's transparent huge page mode
+    (``transparent_hugepages``: ``always``, ``madvise`` or ``never``; None where Linux
+    does not say) and the allocator variables of `MALLOC_ENV` that are set
+    (``malloc_env``). A buffer the allocator maps anew on every call costs a page fault
+    per page it touches (4 KiB, or 2 MiB with huge pages)."""
+    mode = None
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            text = fh.read()
+        mode = text[text.index("[") + 1 : text.index("]")]
+    except (OSError, ValueError):
+        pass
+    return {
+        "transparent_hugepages": mode,
+        "malloc_env": {k: os.environ[k] for k in MALLOC_ENV if k in os.environ},
+    }
+
+
+def page_faults_per_call(fn: Callable[[], Any], runs: int = 3) -> float | None:
+    """The median number of minor page faults of the process during one call of
+    ``fn`` (``getrusage``: pages the kernel handed out and zeroed for it), over ``runs``
+    calls; None where the platform does not count them."""
+    if not hasattr(resource, "getrusage"):
+        return None
+    counts = []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        fn()
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return float(statistics.median(counts))
+
+
+def describe_memory(machine: dict[str, Any]) -> str:
+    """``Memory: transparent huge pages madvise; allocator variables: none set``."""
+    env = machine.get("malloc_env") or {}
+    found = ", ".join(f"{k}={v}" for k, v in env.items()) or "none set"
+    mode = machine.get("transparent_hugepages") or "unknown"
+    return f"Memory: transparent huge pages {mode}; allocator variables: {found}"
 
 
 def describe_cpu(machine: dict[str, Any]) -> str:

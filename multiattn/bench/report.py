@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tuning import describe_decision
-from .common import MODE_LABELS, MODES, describe_cpu
+from .common import MODE_LABELS, MODES, describe_cpu, describe_memory
 
 MULTIATTN_COLOR = "#d1495b"
 NATIVE_COLORS = ("#30638e", "#00798c", "#8d96a3")
@@ -33,11 +33,21 @@ def _pair(rec: dict, key: str, digits: int = 2, pct: bool = False) -> str:
     return " / ".join(parts)
 
 
+def _count(value: float | None) -> str:
+    """A count in three digits at most: ``0``, ``812``, ``8.2k``, ``93k``."""
+    if value is None:
+        return "-"
+    if value < 1000:
+        return f"{value:.0f}"
+    return f"{value / 1000:.2g}k" if value < 10_000 else f"{value / 1000:.0f}k"
+
+
 def print_report(report: dict, console: Any) -> None:
     from rich.table import Table
 
     cfg = report["config"]
     console.print(describe_cpu(report.get("machine", {})), markup=False)
+    console.print(describe_memory(report.get("machine", {})), markup=False)
     if report.get("implementations"):
         title = (
             f"Multi-head self-attention, batch {cfg['batch']}, length {cfg['length']}, "
@@ -52,6 +62,7 @@ def print_report(report: dict, console: Any) -> None:
         table.add_column("GFLOP/s", justify="right")
         table.add_column("% of matmul", justify="right")
         table.add_column("peak MiB", justify="right")
+        table.add_column("page faults", justify="right")
         last = None
         for rec in report["implementations"]:
             fw = rec["framework"]
@@ -71,6 +82,7 @@ def print_report(report: dict, console: Any) -> None:
                     _pair(rec, "gflops", 1),
                     _pair(rec, "peak_fraction", pct=True),
                     _pair(rec, "peak_mem_mib", 1),
+                    " / ".join(_count(rec.get(m, {}).get("page_faults_per_call")) for m in MODES),
                 )
             last = fw
         console.print(table)
@@ -98,7 +110,9 @@ def print_report(report: dict, console: Any) -> None:
             "(the framework's peak in this run; on torch the faster of torch.matmul and the "
             "oneDNN linear operator multiattn projects with). peak MiB: "
             "memory one call takes above what was in use before it (VmHWM: RSS growth; "
-            "tf-allocator: TensorFlow's allocator statistics)."
+            "tf-allocator: TensorFlow's allocator statistics). page faults: minor page "
+            "faults of the worker during one call (median of 3), pages the kernel handed "
+            "out and zeroed for it."
         )
         _print_choices(
             console,

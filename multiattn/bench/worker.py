@@ -23,6 +23,7 @@ from .common import (
     PeakRSS,
     describe_error,
     max_rss_bytes,
+    page_faults_per_call,
     peak_matmul_gflops,
     summarize,
     time_interleaved,
@@ -115,6 +116,7 @@ def run(framework: str, cfg: dict) -> dict[str, Any]:
                 "calls_per_repeat": timing.number,
                 "first_call_s": timing.compile_s,
                 "peak_mem_mib": peak / MIB,
+                "page_faults_per_call": page_faults_per_call(impl.calls[mode]),
             }
         rec["status"] = "ok" if not errors else "failed"
         if errors:
