@@ -13,7 +13,8 @@ How a decision is timed (`decide`):
 * each candidate runs twice untimed (allocation, kernel selection, compilation), then
   `REPEATS` timed rounds take one sample of every candidate (a sample: as many calls as
   last `MIN_SAMPLE_S`), alternating which goes first, so that a slow moment of the machine
-  falls on both; the candidate with the lower median time per call wins;
+  falls on both; the candidate with the lower median time per call wins (for the
+  layers' choices only by more than `MARGIN` over the fallback, which wins ties);
 * on inputs of the class's size, capped at about `FLOP_CAP` floating-point operations per
   call by taking fewer rows (the contraction and output widths are kept: they decide how
   the kernels block), so that one decision costs a few milliseconds (about 15 ms at the
@@ -78,6 +79,7 @@ __all__ = [
     "CHUNK_MIN_BYTES",
     "FLOP_CAP",
     "ISA_FLAGS",
+    "MARGIN",
     "MAX_CALLS",
     "MIN_SAMPLE_S",
     "PROJECTION_FLOP_CAP",
@@ -103,6 +105,13 @@ REPEATS = 5
 #: Seconds one sample lasts at least (short calls are repeated, up to `MAX_CALLS` times).
 MIN_SAMPLE_S = 5e-4
 MAX_CALLS = 64
+#: How much faster than the fallback (the framework's own operation, three separate
+#: products, one piece) another candidate of `fused_attention_pays`,
+#: `fused_projections_pay` or `attention_chunks` must be to be chosen (see `decide`).
+#: Ties are common there: PyTorch's joined and separate projections both took 14.9 ms
+#: forward at the benchmark's shape, and the joined ones, chosen, made the layer's
+#: forward and backward pass 1.10 times the fastest native layer's (1.01 with three).
+MARGIN = 0.05
 #: About the most floating-point operations one timed call performs (rows are cut to fit).
 FLOP_CAP = 1 << 28
 #: About the most floating-point operations one timed call of `fused_projections_pay`
@@ -201,6 +210,7 @@ def decide(
     measurable: bool = True,
     reason: str = "",
     sync: Callable[[Any], Any] | None = None,
+    margin: float = 0.0,
 ) -> str:
     """The name of the faster candidate for ``op`` on ``shape_class``, timed once per
     process and class.
@@ -217,6 +227,11 @@ def decide(
             one, else ``fallback``, and nothing is cached: a later call measures.
         sync: called on each candidate's result before the clock stops (for frameworks
             that run asynchronously); None: the call returns when the work is done.
+        margin: the ``fallback`` candidate, if it ran, keeps the class unless another's
+            median is lower than its own by more than this fraction (`MARGIN` for the
+            layers' choices: what a candidate costs beyond its timed forward call, its
+            backward pass or its buffers in a larger program, is not timed, and a tie
+            went either way from process to process).
 
     A candidate that raises drops out; if all do, ``fallback`` is taken and recorded.
     """
@@ -238,6 +253,8 @@ def decide(
         medians = {name: statistics.median(ts) * 1e3 for name, ts in samples.items() if ts}
         if medians:
             choice = min(medians, key=medians.__getitem__)
+            if fallback in medians and medians[choice] >= medians[fallback] * (1 - margin):
+                choice = fallback
             decision = Decision(op, key[1], choice, "measured", medians, timed)
         else:
             why = "; ".join(f"{k}: {v}" for k, v in errors.items()) or "no candidate ran"
@@ -692,6 +709,7 @@ def _decide_eagerly(
             measurable=measurable,
             reason=why,
             sync=_sync(backend, cls["device"]),
+            margin=MARGIN,
         )
 
 

@@ -101,6 +101,27 @@ class FakeClock:
         return run
 
 
+@pytest.mark.parametrize(
+    ("cost_b", "margin", "choice"),
+    [
+        (0.97, 0.05, "a"),  # 3% faster: within the margin, the fallback keeps the class
+        (0.94, 0.05, "b"),  # 6% faster
+        (0.99, 0.0, "b"),  # no margin: the lower median
+        (1.0, 0.0, "a"),  # a tie goes to the fallback
+    ],
+)
+def test_the_fallback_keeps_the_class_within_the_margin(monkeypatch, cost_b, margin, choice):
+    clock = FakeClock()
+    monkeypatch.setattr(tuning, "_clock", clock)
+
+    def candidates():
+        cost = 2.0**-7  # a binary fraction: the fake clock adds it exactly
+        return {"b": clock.candidate("b", cost * cost_b), "a": clock.candidate("a", cost)}, ""
+
+    got = tuning.decide("op", {"n": cost_b, "m": margin}, candidates, fallback="a", margin=margin)
+    assert got == choice
+
+
 def test_faster_candidate_wins_and_timing_is_interleaved(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(tuning, "_clock", clock)
