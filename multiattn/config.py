@@ -261,13 +261,14 @@ def settings(
             batch in turn: the largest divisor of the batch not above it, so ``8`` runs a
             batch of 6 in 6 slices and a batch of 1 in one piece. 1 runs it in one
             piece; None (the default) measures the fastest count on the running machine
-            for compiled calls (``jax.jit``, ``tf.function``), once per shape class
+            for compiled calls (``jax.jit``), once per shape class
             (`multiattn.tuning.attention_chunks`), and runs eager calls in one piece.
             A positive int. The slices hold a smaller score matrix each: on XLA:CPU,
             whose buffers of a call are fresh memory, that is fewer pages for the kernel
             to hand out and zero on every call. Not with the weights or dropout (they
-            need the whole matrix), nor on a namespace that does not map batches
-            (Paddle's: one piece). Differentiated as the unsliced path on jax.
+            need the whole matrix), and only on a namespace that maps batches (jax's,
+            whose slices are rematerialised, so the backward pass runs in slices too);
+            elsewhere one piece.
 
     Values are read when a function is traced: under ``jax.jit`` and ``tf.function`` the
     values in force at tracing time are compiled in.

@@ -41,9 +41,9 @@ Choices made this way:
   (Keras symbolic tensors, ``torch.compile``) the namespace's ``fused_attention_pays``
   applies.
 * ``attention-chunks``: how many slices of the batch the explicit attention path runs
-  over in compiled code (`attention_chunks`: 1, 2, 4, 8 or 16, timed at the call's full
-  size); ``settings(attention_chunks=n)`` forces one; eager calls and small score
-  matrices run in one piece.
+  over under ``jax.jit`` (`attention_chunks`: 1, 2, 4, 8 or 16, timed at the call's full
+  size; the namespaces that map batches, jax's); ``settings(attention_chunks=n)``
+  forces one; eager calls and small score matrices run in one piece.
 * ``fused-qkv``: the query, key and value projections of self-attention as three
   products or as one over the three kernels joined (`fused_projections_pay`);
   ``settings(fused_projections=True/False)`` forces one; where nothing can be timed, three
@@ -76,6 +76,7 @@ import numpy as np
 from ._checks import _static_dim
 
 __all__ = [
+    "ATTENTION_FLOP_CAP",
     "CHUNK_MIN_BYTES",
     "FLOP_CAP",
     "ISA_FLAGS",
@@ -114,6 +115,9 @@ MAX_CALLS = 64
 MARGIN = 0.05
 #: About the most floating-point operations one timed call performs (rows are cut to fit).
 FLOP_CAP = 1 << 28
+#: About the most floating-point operations one timed call of `fused_attention_pays`
+#: performs (see there).
+ATTENTION_FLOP_CAP = 16 * FLOP_CAP
 #: About the most floating-point operations one timed call of `fused_projections_pay`
 #: performs (see there).
 PROJECTION_FLOP_CAP = 64 * FLOP_CAP
@@ -424,8 +428,13 @@ def fused_attention_pays(
     ``explicit(ops, q, k, v, scale, kv_heads_first)`` runs the explicit path without a
     mask and returns its output. Both are timed without a mask on random inputs of the same dtype
     with ``Tk``, ``D`` and ``Dv`` of the call and as many of its ``B * H`` heads as fit
-    `FLOP_CAP` (one head over the cap: as many of its ``Tq`` queries as fit, at least 64,
-    so the explicit candidate's score matrix stays small); the class is the backend, its
+    `ATTENTION_FLOP_CAP` (one head over the cap: as many of its ``Tq`` queries as fit, at
+    least 64, so the explicit candidate's score matrix stays small): 16 times the usual
+    cap, the whole call at the benchmark's shape (64 heads of 512 queries and keys). On
+    TensorFlow, timed on 4 of those heads, Keras' attention beat the explicit path (1.83
+    against 2.09 ms) while in the layer it lost (42.2 against 41.3 ms forward, 133
+    against 120 forward and backward); at the full size the two tie forward and the
+    explicit path, the fallback there, keeps the class (`MARGIN`). The class is the backend, its
     device, the dtype, ``Tq`` and ``Tk`` rounded up to powers of two, ``D``, ``Dv`` and
     the key/value layout.
     This compares the two paths that hold a whole score matrix: where the scores exceed
@@ -477,9 +486,9 @@ def fused_attention_pays(
     if measurable:
         # fewer heads first, then (one head over the cap) fewer queries, at least 64
         per_query = 2 * tk * (d + dv)
-        heads = max(1, min(heads, FLOP_CAP // max(per_query * tq, 1)))
-        if per_query * tq > FLOP_CAP:
-            queries = min(tq, max(64, FLOP_CAP // max(per_query, 1)))
+        heads = max(1, min(heads, ATTENTION_FLOP_CAP // max(per_query * tq, 1)))
+        if per_query * tq > ATTENTION_FLOP_CAP:
+            queries = min(tq, max(64, ATTENTION_FLOP_CAP // max(per_query, 1)))
 
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
         rng = np.random.default_rng(0)

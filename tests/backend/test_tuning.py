@@ -240,13 +240,14 @@ def test_attention_choice_follows_the_timing_once_per_class(monkeypatch, winner)
 
 
 def test_long_attention_is_timed_on_fewer_queries(monkeypatch):
-    """One head of 8192 x 8192 scores is over the cap: the timing takes 2048 queries."""
+    """One head of 8192 x 8192 scores of width 64 is over the cap: the timing takes 2048
+    queries."""
     fake_timing(monkeypatch, "fused")
-    q, k, v = _qkv(8192, 8192, heads=1, dim=4)
+    q, k, v = _qkv(8192, 8192, heads=1, dim=64)
     assert tuning.fused_attention_pays(get_ops(), q, k, v, explicit=_explicit)
     (decision,) = tuning.decisions()
-    assert 2 * 8192 * 8 * 2048 <= tuning.FLOP_CAP
-    assert decision["timed"].startswith("(1, 2048, 1, 4) queries, (1, 8192, 1, 4/4)")
+    assert 2 * 8192 * 128 * 2048 == tuning.ATTENTION_FLOP_CAP
+    assert decision["timed"].startswith("(1, 2048, 1, 64) queries, (1, 8192, 1, 64/64)")
 
 
 def test_attention_choice_is_measured_eagerly():
