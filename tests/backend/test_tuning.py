@@ -492,7 +492,25 @@ def test_projection_join_is_measured_for_real():
     layer(x, x)
     (decision,) = [d for d in tuning.decisions() if d["op"] == "fused-qkv"]
     assert decision["how"] == "measured" and set(decision["median_ms"]) == {"fused", "separate"}
-    assert decision["timed"] == "(10, 8) inputs, kernels to (12, 6, 6)"
+    # PyTorch records the call for a backward pass (the weights require gradients): the
+    # candidates are timed with theirs
+    passes = "forward and backward" if BACKEND == "torch" else "forward"
+    assert decision["timed"] == f"(10, 8) inputs, kernels to (12, 6, 6), {passes}"
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch tells whether a call is recorded")
+def test_a_projection_join_without_gradients_is_its_own_class_timed_forward():
+    import torch
+
+    layer, x = _self_attention()
+    tuning.reset()
+    with torch.no_grad():
+        layer(x, x)
+    layer(x, x)
+    found = {d["shape_class"]["backward"]: d for d in tuning.decisions() if d["op"] == "fused-qkv"}
+    assert set(found) == {False, True}
+    assert found[False]["timed"].endswith(", forward")
+    assert found[True]["timed"].endswith(", forward and backward")
 
 
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="traced backends")
@@ -516,7 +534,7 @@ def test_traced_choice_times_many_passes_compiled_as_the_caller(xla):
         tf.function(lambda x: layer(x, x), jit_compile=xla)(x)
     (decision,) = [d for d in tuning.decisions() if d["op"] == "fused-qkv"]
     assert decision["how"] == "measured"
-    assert decision["timed"] == "(10, 8) inputs, kernels to (12, 6, 6), 64 passes per call"
+    assert decision["timed"] == "(10, 8) inputs, kernels to (12, 6, 6), 64 passes per call, forward"
     assert decision["shape_class"].get("xla", True) is xla or BACKEND == "jax"
 
 
