@@ -409,6 +409,35 @@ _CACHE_UNDER_XLA = (
 )
 
 
+def _attention_class(
+    ops: Any, query: Any, key: Any, value: Any, kv_heads_first: bool
+) -> tuple[dict[str, Any], _Compilation, bool, str]:
+    """What the two attention choices share: the class (the backend, its device, the
+    dtype, ``Tq`` and ``Tk`` rounded up to powers of two, ``D``, ``Dv``, the key/value
+    layout and, on TensorFlow, whether XLA compiles the caller), how the caller is
+    compiled, and whether it can be timed now (and why not)."""
+    backend = ops.backend
+    tq, h, d = (_static(n) for n in query.shape[1:])
+    tk, dv = _static(key.shape[2 if kv_heads_first else 1]), _static(value.shape[-1])
+    cls = {
+        "backend": backend,
+        "device": _device(backend, query),
+        "dtype": ops.dtype_name(query),
+        "queries": None if tq is None else bucket(tq),
+        "keys": None if tk is None else bucket(tk),
+        "dim": d,
+        "value_dim": dv,
+        "kv_heads_first": kv_heads_first,
+    }
+    how = _Compilation.of(ops, query)
+    if backend == "tensorflow":
+        cls["xla"] = how.xla
+    measurable, why = _can_time(ops, backend, query)
+    if measurable and None in (tq, tk, h, d, dv):
+        measurable, why = False, "a length or width unknown at trace time"
+    return cls, how, measurable, why
+
+
 def fused_attention_pays(
     ops: Any,
     query: Any,
@@ -453,28 +482,11 @@ def fused_attention_pays(
     if not ops.has_fused_attention:
         return False
     fallback = bool(ops.fused_attention_pays)
-    backend = ops.backend
-    shape = [_static(d) for d in query.shape]
+    backend, dtype = ops.backend, ops.dtype_name(query)
+    b, tq, h, d = (_static(n) for n in query.shape)
     tk, dv = _static(key.shape[2 if kv_heads_first else 1]), _static(value.shape[-1])
-    b, tq, h, d = shape
-    dtype = ops.dtype_name(query)
-    device = _device(backend, query)
-    cls = {
-        "backend": backend,
-        "device": device,
-        "dtype": dtype,
-        "queries": None if tq is None else bucket(tq),
-        "keys": None if tk is None else bucket(tk),
-        "dim": d,
-        "value_dim": dv,
-        "kv_heads_first": kv_heads_first,
-    }
-    how = _Compilation.of(ops, query)
-    if backend == "tensorflow":
-        cls["xla"] = how.xla
-    measurable, why = _can_time(ops, backend, query)
-    if measurable and None in (tq, tk, h, d, dv):
-        measurable, why = False, "a length or width unknown at trace time"
+    cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
+    device = cls["device"]
     if kv_heads_first and how.traced and how.xla:
         # Not timed: alone the two tie, but the loop differs (generate, Llama shape,
         # prompt 512, batch 8, TensorFlow: 1.5 ms per token explicit, 5.9 ms fused). A
@@ -571,25 +583,10 @@ def attention_chunks(
     tk = _static(key.shape[2 if kv_heads_first else 1])
     hkv = _static(key.shape[1 if kv_heads_first else 2])
     dv = _static(value.shape[-1])
-    device = _device(backend, query)
-    cls = {
-        "backend": backend,
-        "device": device,
-        "dtype": dtype,
-        "batch": b,
-        "heads": h,
-        "kv_heads": hkv,
-        "queries": None if tq is None else bucket(tq),
-        "keys": None if tk is None else bucket(tk),
-        "dim": d,
-        "value_dim": dv,
-        "kv_heads_first": kv_heads_first,
-    }
-    how = _Compilation.of(ops, query)
-    if backend == "tensorflow":
-        cls["xla"] = how.xla
-    measurable, why = _can_time(ops, backend, query)
-    if measurable and None in (b, tq, tk, h, hkv, d, dv):
+    cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
+    cls.update(batch=b, heads=h, kv_heads=hkv)
+    device = cls["device"]
+    if measurable and None in (b, hkv):
         measurable, why = False, "a size unknown at trace time"
     itemsize = 8 if dtype == "float64" else 4
     if measurable and b * h * tq * tk * itemsize < CHUNK_MIN_BYTES:
