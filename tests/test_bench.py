@@ -220,7 +220,7 @@ def test_page_faults_count_the_fresh_pages_a_call_touches():
         del view
         area.close()
 
-    kept = np.zeros(8 << 20)
+    kept = np.ones(8 << 20)  # written once here: its pages exist before the calls
 
     def reused():
         kept.fill(1.0)
