@@ -409,16 +409,35 @@ _CACHE_UNDER_XLA = (
 )
 
 
+def _random_tensors(ops: Any, shapes: Sequence[tuple | None], dtype: str, like: Any) -> list:
+    """A decision's inputs: standard normal tensors of ``shapes`` (None for a shape of
+    None), the same on every run (seed 0), in ``dtype`` (drawn in float32 for half
+    precision), on ``like``'s device where PyTorch keeps it off the CPU. Call inside
+    `_eager`."""
+    rng = np.random.default_rng(0)
+    np_dtype = "float64" if dtype == "float64" else "float32"
+    elsewhere = ops.backend == "torch" and _device(ops.backend, like) not in ("cpu", None)
+
+    def one(shape: tuple) -> Any:
+        t = ops.cast(ops.convert_to_tensor(rng.standard_normal(shape).astype(np_dtype)), dtype)
+        return t.to(like.device) if elsewhere else t
+
+    return [None if shape is None else one(shape) for shape in shapes]
+
+
 def _attention_class(
     ops: Any, query: Any, key: Any, value: Any, kv_heads_first: bool
-) -> tuple[dict[str, Any], _Compilation, bool, str]:
-    """What the two attention choices share: the class (the backend, its device, the
-    dtype, ``Tq`` and ``Tk`` rounded up to powers of two, ``D``, ``Dv``, the key/value
-    layout and, on TensorFlow, whether XLA compiles the caller), how the caller is
-    compiled, and whether it can be timed now (and why not)."""
+) -> tuple[tuple, dict[str, Any], _Compilation, bool, str]:
+    """What the two attention choices share: the sizes ``(B, Tq, H, H_kv, Tk, D, Dv)``
+    (None where unknown at trace time), the class (the backend, its device, the dtype,
+    ``Tq`` and ``Tk`` rounded up to powers of two, ``D``, ``Dv``, the key/value layout
+    and, on TensorFlow, whether XLA compiles the caller), how the caller is compiled, and
+    whether it can be timed now (and why not)."""
     backend = ops.backend
-    tq, h, d = (_static(n) for n in query.shape[1:])
-    tk, dv = _static(key.shape[2 if kv_heads_first else 1]), _static(value.shape[-1])
+    b, tq, h, d = (_static(n) for n in query.shape)
+    tk = _static(key.shape[2 if kv_heads_first else 1])
+    hkv = _static(key.shape[1 if kv_heads_first else 2])
+    dv = _static(value.shape[-1])
     cls = {
         "backend": backend,
         "device": _device(backend, query),
@@ -435,7 +454,7 @@ def _attention_class(
     measurable, why = _can_time(ops, backend, query)
     if measurable and None in (tq, tk, h, d, dv):
         measurable, why = False, "a length or width unknown at trace time"
-    return cls, how, measurable, why
+    return (b, tq, h, hkv, tk, d, dv), cls, how, measurable, why
 
 
 def fused_attention_pays(
@@ -482,11 +501,8 @@ def fused_attention_pays(
     if not ops.has_fused_attention:
         return False
     fallback = bool(ops.fused_attention_pays)
-    backend, dtype = ops.backend, ops.dtype_name(query)
-    b, tq, h, d = (_static(n) for n in query.shape)
-    tk, dv = _static(key.shape[2 if kv_heads_first else 1]), _static(value.shape[-1])
-    cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
-    device = cls["device"]
+    sizes, cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
+    b, tq, h, _, tk, d, dv = sizes
     if kv_heads_first and how.traced and how.xla:
         # Not timed: alone the two tie, but the loop differs (generate, Llama shape,
         # prompt 512, batch 8, TensorFlow: 1.5 ms per token explicit, 5.9 ms fused). A
@@ -503,14 +519,8 @@ def fused_attention_pays(
             queries = min(tq, max(64, ATTENTION_FLOP_CAP // max(per_query, 1)))
 
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
-        rng = np.random.default_rng(0)
-        np_dtype = "float64" if dtype == "float64" else "float32"
-        arrays = [
-            rng.standard_normal((1, n, heads, width)).astype(np_dtype)
-            for n, width in ((queries, d), (tk, d), (tk, dv))
-        ]
-        if kv_heads_first:
-            arrays[1:] = [np.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in arrays[1:]]
+        kv = (1, heads, tk) if kv_heads_first else (1, tk, heads)
+        shapes = [(1, queries, heads, d), (*kv, d), (*kv, dv)]
         scale = 1.0 / math.sqrt(d)
 
         def fused(q, k, v):
@@ -522,12 +532,12 @@ def fused_attention_pays(
             "fused": fused,
             "explicit": lambda q, k, v: explicit(ops, q, k, v, scale, kv_heads_first),
         }
-        with _eager(backend):
-            tensors = [ops.cast(ops.convert_to_tensor(a), dtype) for a in arrays]
-            if device not in ("cpu", None) and backend == "torch":
-                tensors = [t.to(query.device) for t in tensors]
+        with _eager(ops.backend):
+            tensors = _random_tensors(ops, shapes, cls["dtype"], query)
             passes = how.passes(2 * heads * queries * tk * (d + dv))
-            runs = {name: _compiled(backend, fn, tensors, how, passes) for name, fn in fns.items()}
+            runs = {
+                name: _compiled(ops.backend, fn, tensors, how, passes) for name, fn in fns.items()
+            }
         kv = f"(1, {heads}, {tk}, {d}/{dv})" if kv_heads_first else f"(1, {tk}, {heads}, {d}/{dv})"
         looped = f", {passes} passes per call" if passes > 1 else ""
         return runs, f"(1, {queries}, {heads}, {d}) queries, {kv} keys/values{looped}"
@@ -578,14 +588,10 @@ def attention_chunks(
     sizes unknown at trace time, and where nothing can be timed (Keras symbolic tensors,
     ``torch.compile``).
     """
-    backend, dtype = ops.backend, ops.dtype_name(query)
-    b, tq, h, d = (_static(n) for n in query.shape)
-    tk = _static(key.shape[2 if kv_heads_first else 1])
-    hkv = _static(key.shape[1 if kv_heads_first else 2])
-    dv = _static(value.shape[-1])
-    cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
+    sizes, cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
+    b, tq, h, hkv, tk, d, dv = sizes
+    dtype = cls["dtype"]
     cls.update(batch=b, heads=h, kv_heads=hkv)
-    device = cls["device"]
     if measurable and None in (b, hkv):
         measurable, why = False, "a size unknown at trace time"
     itemsize = 8 if dtype == "float64" else 4
@@ -594,12 +600,7 @@ def attention_chunks(
     counts = [c for c in (1, 2, 4, 8, 16) if measurable and c <= b and b % c == 0]
 
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
-        rng = np.random.default_rng(0)
-        np_dtype = "float64" if dtype == "float64" else "float32"
         kv = (b, hkv, tk) if kv_heads_first else (b, tk, hkv)
-        arrays = [
-            rng.standard_normal(s).astype(np_dtype) for s in ((b, tq, h, d), (*kv, d), (*kv, dv))
-        ]
         scale = 1.0 / math.sqrt(d)
 
         def run(c: int) -> Callable[..., Any]:
@@ -608,11 +609,9 @@ def attention_chunks(
 
             return one if c == 1 else lambda q, k, v: ops.map_batch(one, (q, k, v), c)
 
-        with _eager(backend):
-            tensors = [ops.cast(ops.convert_to_tensor(a), dtype) for a in arrays]
-            if device not in ("cpu", None) and backend == "torch":
-                tensors = [t.to(query.device) for t in tensors]
-            runs = {str(c): _compiled(backend, run(c), tensors, how) for c in counts}
+        with _eager(ops.backend):
+            tensors = _random_tensors(ops, [(b, tq, h, d), (*kv, d), (*kv, dv)], dtype, query)
+            runs = {str(c): _compiled(ops.backend, run(c), tensors, how) for c in counts}
         return runs, f"({b}, {tq}, {h}, {d}) queries, {(*kv, d)} keys, forward"
 
     return int(_decide_eagerly("attention-chunks", cls, candidates, "1", measurable, why))
@@ -684,23 +683,17 @@ def fused_projections_pay(
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
         n = min(rows, max(64, PROJECTION_FLOP_CAP // max(2 * dims[-1] * sum(widths), 1)))
         passes = how.passes(2 * n * dims[-1] * sum(widths))
-        rng = np.random.default_rng(0)
-        np_dtype = "float64" if dtype == "float64" else "float32"
-
-        def tensor(shape: tuple) -> Any:
-            t = ops.cast(ops.convert_to_tensor(rng.standard_normal(shape).astype(np_dtype)), dtype)
-            return t.to(x.device) if backend == "torch" and device not in ("cpu", None) else t
+        shapes = [(n, dims[-1])]
+        shapes += [tuple(int(d) for d in t.shape) for t in kernels]
+        shapes += [None if t is None else tuple(int(d) for d in t.shape) for t in biases]
 
         with _eager(backend):
-            xs = tensor((n, dims[-1]))
-            ks = [tensor(tuple(int(d) for d in k.shape)) for k in kernels]
-            bs = [None if b is None else tensor(tuple(int(d) for d in b.shape)) for b in biases]
+            tensors = _random_tensors(ops, shapes, dtype, x)
             m = len(kernels)
             fns = {
                 "separate": lambda x, *w: [ops.linear(x, k, b) for k, b in zip(w[:m], w[m:])],
                 "fused": lambda x, *w: fused(ops, x, list(w[:m]), list(w[m:])),
             }
-            tensors = [xs, *ks, *bs]
             if backward:
                 fns = {name: _and_backward(fn) for name, fn in fns.items()}
                 tensors = [t if t is None else t.requires_grad_(True) for t in tensors]

@@ -325,12 +325,10 @@ def memory_setup() -> dict[str, Any]:
     }
 
 
-def page_faults_per_call(fn: Callable[[], Any], runs: int = 3) -> float | None:
+def page_faults_per_call(fn: Callable[[], Any], runs: int = 3) -> float:
     """The median number of minor page faults of the process during one call of
     ``fn`` (``getrusage``: pages the kernel handed out and zeroed for it), over ``runs``
-    calls; None where the platform does not count them."""
-    if not hasattr(resource, "getrusage"):
-        return None
+    calls."""
     counts = []
     for _ in range(runs):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

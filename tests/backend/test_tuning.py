@@ -288,6 +288,15 @@ def test_a_cache_under_xla_takes_the_explicit_path_untimed(monkeypatch):
     ops = get_ops()
     q, k, v = _qkv(1, 8)
     k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (k, v))
+    seen = _cache_choice_under_xla(ops, q, k, v)
+    (decision,) = tuning.decisions()
+    assert seen == [False] and decision["choice"] == "explicit"
+    assert decision["how"] == "fallback" and "heads first" in decision["reason"]
+
+
+def _cache_choice_under_xla(ops, q, k, v) -> list:
+    """`fused_attention_pays` for heads-first keys and values (a cache), taken while XLA
+    compiles the caller (``jax.jit``, or ``tf.function`` with ``jit_compile``)."""
     seen = []
 
     def traced(q, k, v):
@@ -304,9 +313,7 @@ def test_a_cache_under_xla_takes_the_explicit_path_untimed(monkeypatch):
         import tensorflow as tf
 
         tf.function(traced, jit_compile=True)(q, k, v)
-    (decision,) = tuning.decisions()
-    assert seen == [False] and decision["choice"] == "explicit"
-    assert decision["how"] == "fallback" and "heads first" in decision["reason"]
+    return seen
 
 
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="XLA backends")
@@ -321,22 +328,7 @@ def test_an_eager_decision_is_not_reused_for_a_cache_under_xla(monkeypatch):
         tuning, "_measure", lambda fns, repeats, sync: ({"fused": [1.0], "explicit": [2.0]}, {})
     )
     assert tuning.fused_attention_pays(ops, q, k, v, explicit=_explicit, kv_heads_first=True)
-    seen = []
-
-    def traced(q, k, v):
-        seen.append(
-            tuning.fused_attention_pays(ops, q, k, v, explicit=_explicit, kv_heads_first=True)
-        )
-        return q
-
-    if BACKEND == "jax":
-        import jax
-
-        jax.jit(traced)(q, k, v)
-    else:
-        import tensorflow as tf
-
-        tf.function(traced, jit_compile=True)(q, k, v)
+    seen = _cache_choice_under_xla(ops, q, k, v)
     assert seen == [False]
 
 
