@@ -696,7 +696,8 @@ class _JaxNamespace(KerasNamespace):
             a.reshape((chunks, batch // chunks, *a.shape[1:])) for a, s in zip(args, sliced) if s
         )
         out = jax.lax.map(body, parts)
-        return out.reshape((batch, *out.shape[2:]))
+        joined = [o.reshape((batch, *o.shape[2:])) for o in jax.tree_util.tree_leaves(out)]
+        return tuple(joined) if isinstance(out, tuple) else joined[0]
 
     @property
     def fused_attention_pays(self) -> bool:  # type: ignore[override]

@@ -16,7 +16,7 @@ memory and kernels everywhere:
   `set_torch_onednn`; unset, it is measured on the running machine by `multiattn.tuning`).
 
 The others choose kernels that are otherwise measured (``fused_attention``,
-``fused_projections``, ``attention_chunks``) and how ``generate`` runs (``torch_traced_step``,
+``fused_projections``, ``attention_chunks``, ``recompute_backward``) and how ``generate`` runs (``torch_traced_step``,
 ``compiled_loop``, ``decode_threads``).
 
 A value is looked up, in order of precedence:
@@ -71,6 +71,7 @@ __all__ = [
     "get_decode_threads",
     "get_fused_attention",
     "get_fused_projections",
+    "get_recompute_backward",
     "get_torch_onednn",
     "get_torch_traced_step",
     "owned_caches",
@@ -210,6 +211,7 @@ def settings(
     compiled_loop: bool | None = _UNSET,
     decode_threads: int | None = _UNSET,
     attention_chunks: int | None = _UNSET,
+    recompute_backward: bool | None = _UNSET,
 ) -> Iterator[None]:
     """Scoped settings: inside the block, the given values apply to every multiattn call
     in this thread or asyncio task (``with settings(attention_memory_budget="64MiB",
@@ -269,6 +271,18 @@ def settings(
             need the whole matrix), and only on a namespace that maps batches (jax's,
             whose slices are rematerialised, so the backward pass runs in slices too);
             elsewhere one piece.
+        recompute_backward: True gives the explicit attention path (without weights,
+            dropout or bias) a backward pass of its own, which recomputes the weights
+            from the log of each row's softmax denominator saved by the forward pass
+            (`multiattn.ops.explicit_grad`), False leaves it to the framework's automatic
+            differentiation; None (the default) measures which is faster forward and
+            backward on the running machine for compiled calls (``jax.jit``,
+            ``tf.function``), once per shape class
+            (`multiattn.tuning.recompute_backward_pays`), and differentiates eager calls
+            automatically. The gradients are equal up to rounding. On jax the own
+            backward pass is a ``jax.custom_vjp``: reverse mode (``jax.grad``,
+            ``jax.vjp``) works, forward mode (``jax.jvp``, ``jax.jacfwd``,
+            ``jax.hessian``) does not, so set False for those.
 
     Values are read when a function is traced: under ``jax.jit`` and ``tf.function`` the
     values in force at tracing time are compiled in.
@@ -286,6 +300,7 @@ def settings(
         "torch_traced_step": torch_traced_step,
         "fused_projections": fused_projections,
         "compiled_loop": compiled_loop,
+        "recompute_backward": recompute_backward,
     }
     for name, value in flags.items():
         if value is not _UNSET:
@@ -378,6 +393,13 @@ def get_attention_chunks() -> int | None:
     of the batch for the explicit attention path, or None (measured in compiled calls,
     one piece in eager ones)."""
     return _scoped.get().get("attention_chunks")
+
+
+def get_recompute_backward() -> bool | None:
+    """The innermost `settings` value of ``recompute_backward``: True (the explicit
+    attention path's own backward pass), False (automatic differentiation) or None
+    (measured in compiled calls, automatic in eager ones)."""
+    return _scoped.get().get("recompute_backward")
 
 
 def get_fused_projections() -> bool | None:

@@ -24,6 +24,7 @@ from multiattn.ops.plan import (
     AttentionSpec,
     Capabilities,
     plan_attention,
+    wants_backward_timing,
     wants_chunk_timing,
     wants_timing,
 )
@@ -275,6 +276,11 @@ def test_a_spec_refuses_malformed_facts(kw):
         {"path": "explicit", "chunks": 2, "dropout": True},
         {"path": "fused", "chunks": 2, "screen": "query"},
         {"path": "blockwise", "blocks": (4, 4), "empty_rows": "online", "chunks": 2},
+        {"path": "fused", "recompute_backward": True, "screen": "query"},
+        {"path": "blockwise", "blocks": (4, 4), "empty_rows": "online", "recompute_backward": True},
+        {"path": "explicit", "recompute_backward": True, "weights": True},
+        {"path": "explicit", "recompute_backward": True, "dropout": True},
+        {"path": "explicit", "recompute_backward": True, "bias": True},
     ],
 )
 def test_a_plan_no_path_implements_cannot_be_built(kw):
@@ -326,6 +332,42 @@ def test_chunk_timing_is_wanted_only_for_compiled_explicit_calls_with_a_batch():
         assert not wants_chunk_timing(
             spec(**{"batch": 8, "capabilities": MAPS, "traced": True, **kw})
         )
+
+
+# --- the explicit path's own backward pass ------------------------------------------------
+
+
+def test_the_own_backward_pass_is_taken_where_decided_on_the_explicit_path():
+    assert plan(capabilities=NO_FUSED, recompute_backward=True).recompute_backward
+    assert plan(capabilities=MAPS, batch=8, chunks=4, recompute_backward=True).chunks == 4
+    for kw in (
+        {"recompute_backward": None},  # not decided: automatic
+        {"recompute_backward": False},
+        {"recompute_backward": True, "weights": True},
+        {"recompute_backward": True, "dropout": True},
+        {"recompute_backward": True, "bias": True},
+        {"recompute_backward": True, "block_size": (4, 4)},  # blockwise: its own backward
+        {"recompute_backward": True, "capabilities": FUSED, "fused_faster": True},
+    ):
+        p = plan(**{"capabilities": NO_FUSED, **kw})
+        assert not p.recompute_backward, (kw, p)
+
+
+def test_backward_timing_is_wanted_only_for_compiled_explicit_calls_without_bias():
+    assert wants_backward_timing(spec(capabilities=NO_FUSED, traced=True))
+    for kw in (
+        {"traced": False},  # eager: differentiated automatically
+        {"recompute_backward": True},  # decided: nothing to measure
+        {"recompute_backward": False},
+        {"weights": True},
+        {"dropout": True},
+        {"bias": True},
+        {"block_size": (4, 4)},
+        {"capabilities": FUSED, "fused_faster": True},
+    ):
+        assert not wants_backward_timing(
+            spec(**{"capabilities": NO_FUSED, "traced": True, **kw})
+        ), kw
 
 
 def test_capabilities_are_the_contract_flags_with_its_defaults():
@@ -403,6 +445,8 @@ def specs(draw) -> AttentionSpec:
         block_size=block,
         fused_faster=draw(st.none() | st.booleans()),
         chunks=draw(st.none() | st.integers(1, 20)),
+        bias=draw(st.booleans()),
+        recompute_backward=draw(st.none() | st.booleans()),
     )
 
 
@@ -437,6 +481,11 @@ def test_plan_invariants(s):
         assert s.batch % p.chunks == 0 and p.chunks <= s.chunks
     else:
         assert p.chunks == 1
+    if p.recompute_backward:
+        assert p.path == "explicit" and s.recompute_backward
+        assert not (s.weights or s.dropout or s.bias)
+    if wants_backward_timing(s):
+        assert p.path == "explicit" and s.traced and s.recompute_backward is None
 
 
 @settings(max_examples=400, deadline=None)

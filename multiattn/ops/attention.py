@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .. import config, tuning
@@ -50,13 +51,14 @@ from .._checks import (
     to_tensor,
 )
 from .._namespace import get_ops
-from . import blockwise, blockwise_grad, plan
+from . import blockwise, blockwise_grad, explicit_grad, plan
 from .masking import (
     block_keep,
     check_bias,
     combine_keep,
     lens_rank4,
     rows_attending,
+    softmax_lse,
     softmax_where,
     split_masks,
 )
@@ -179,6 +181,14 @@ def attend(
         chunks = tuning.attention_chunks(ops, query, key, value, _explicit_unmasked, kv_heads_first)
     if chunks is not None:
         spec = dataclasses.replace(spec, chunks=chunks)
+    recompute = config.get_recompute_backward()
+    if recompute is None and plan.wants_backward_timing(spec):
+        recompute = tuning.recompute_backward_pays(
+            ops, query, key, value, _explicit_unmasked, _recomputed_unmasked,
+            plan.plan_attention(spec).chunks, kv_heads_first,
+        )  # fmt: skip
+    if recompute is not None:
+        spec = dataclasses.replace(spec, recompute_backward=recompute)
     how = plan.plan_attention(spec)
     sizes = tuple(
         s if s is not None else ops.shape(t)[axis]
@@ -400,6 +410,32 @@ class _Dropout(NamedTuple):
     seed: Any
 
 
+def _with_lse(ops: Any, scale: float, kv_heads_first: bool) -> Callable[..., tuple]:
+    """The explicit path without weights, dropout or bias as ``fn(q, k, v, keep) ->
+    (output, lse)``, the forward pass of `multiattn.ops.explicit_grad`."""
+
+    def forward(q: Any, k: Any, v: Any, keep: Any) -> tuple[Any, Any]:
+        lse: list = []
+        out = _explicit_attention(
+            ops, q, k, v, keep, scale, 0.0, False, None, False, None, None, kv_heads_first, lse
+        )[0]
+        return out, lse[0]
+
+    return forward
+
+
+def _recomputed_unmasked(
+    ops: Any, query: Any, key: Any, value: Any, scale: float, chunks: int, kv_heads_first: bool
+) -> Any:
+    """The explicit path without a mask, differentiated by its own backward pass over
+    ``chunks`` slices of the batch (a candidate of
+    `multiattn.tuning.recompute_backward_pays`)."""
+    forward = _with_lse(ops, scale, kv_heads_first)
+    return explicit_grad.attention(
+        ops, query, key, value, None, scale, forward, chunks, kv_heads_first
+    )
+
+
 def _direct_attention(
     ops: Any,
     query: Any,
@@ -423,6 +459,12 @@ def _direct_attention(
     ``scores`` when it is a list."""
     if how.path == "fused":
         return _fused_attention(ops, query, key, value, keep, how, scale), None
+    if how.recompute_backward and scores is None:
+        forward = _with_lse(ops, scale, kv_heads_first)
+        out = explicit_grad.attention(
+            ops, query, key, value, keep, scale, forward, how.chunks, kv_heads_first
+        )
+        return out, None
     if how.chunks > 1 and scores is None:
 
         def piece(q: Any, k: Any, v: Any, keep: Any, bias: Any) -> Any:
@@ -486,7 +528,7 @@ def _blockwise(
 
 def _explicit_attention(
     ops, query, key, value, keep, scale, dropout, training, seed, return_weights, bias=None,
-    raw_scores=None, kv_heads_first=False,
+    raw_scores=None, kv_heads_first=False, lse=None,
 ):  # fmt: skip
     """Scores, masked softmax and weighted sum, in head-major layout; returns the output
     and, with ``return_weights``, the weights (else None).
@@ -512,6 +554,9 @@ def _explicit_attention(
     ``raw_scores``, a list, receives the scores ``(B, H, Tq, Tk)`` before bias and mask
     (for `_screens_scores`). With ``kv_heads_first``, ``key`` and ``value`` are already
     ``(B, H_kv, Tk, D)`` and are contracted where they are (a KV cache, read in place).
+    ``lse``, a list (without weights or dropout), receives the log of each row's softmax
+    denominator ``(B, H, Tq, 1)`` (`multiattn.ops.masking.softmax_lse`), for the backward
+    pass of `multiattn.ops.explicit_grad`.
     """
     q = ops.transpose(query * scale, (0, 2, 1, 3))
     k, v = key, value
@@ -528,7 +573,11 @@ def _explicit_attention(
         raw_scores.append(scores)
     if bias is not None:
         scores = scores + bias
-    weights = softmax_where(ops, scores, keep, zero_empty_rows=return_weights)
+    if lse is not None:
+        weights, log_total = softmax_lse(ops, scores, keep)
+        lse.append(log_total)
+    else:
+        weights = softmax_where(ops, scores, keep, zero_empty_rows=return_weights)
     mixed = _apply_dropout(ops, weights, dropout, training, seed)
     if heads == kv_heads:
         out = ops.einsum("bhqk,bhkd->bhqd", mixed, v)

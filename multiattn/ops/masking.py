@@ -611,6 +611,24 @@ def softmax_where(ops: Any, x: Any, keep: Any, *, zero_empty_rows: bool = True) 
     return weights
 
 
+def softmax_lse(ops: Any, x: Any, keep: Any) -> tuple[Any, Any]:
+    """``(weights, lse)``: the weights of ``softmax_where(ops, x, keep,
+    zero_empty_rows=False)``, the same tensor, and the log of each row's softmax
+    denominator ``lse`` (``(..., 1)``: ``weights = exp(x - lse)`` at every kept score)
+    for a backward pass that recomputes the weights (`multiattn.ops.explicit_grad`).
+
+    ``lse`` is read off the weights rather than summed again: the row's largest weight
+    sits at its largest score, so ``lse = max(x) - log(max(weights))``, two reductions
+    and no exponential (the largest weight is at least ``1 / Tk``, so its logarithm
+    loses nothing). Masked scores count as `MASKED_SCORE`, as in the softmax. Where
+    nothing reads ``lse`` (a call that is not differentiated) the compilers drop it."""
+    weights = softmax_where(ops, x, keep, zero_empty_rows=False)
+    if keep is not None:
+        x = ops.where(keep, x, MASKED_SCORE)
+    peak = ops.max(x, axis=-1, keepdims=True)
+    return weights, peak - ops.log(ops.max(weights, axis=-1, keepdims=True))
+
+
 def _exact_softmax(ops: Any, x: Any, keep: Any) -> Any:
     """``exp(x - m) / sum`` over the last axis with masked entries exactly 0 (see
     `softmax_where`)."""

@@ -9,10 +9,14 @@ grouped key/value heads are repeated and which inputs are screened for NaN and
 infinities. Nothing here touches a tensor or imports a framework, so every rule can be
 tested on plain values; ``docs/design.md`` ("The attention planner") tabulates them.
 
-The one fact that needs tensors, whether the fused kernel is faster than the explicit
-path on this machine (`multiattn.tuning.fused_attention_pays`), is measured by the
-caller only when `wants_timing` says the plan depends on it, and passed in as
-``fused_faster``.
+The facts that need tensors are measured by the caller only when the plan depends on
+them, and passed in: whether the fused kernel is faster than the explicit path on this
+machine (`multiattn.tuning.fused_attention_pays`, when `wants_timing`; ``fused_faster``),
+how many slices of the batch the explicit path runs fastest in
+(`multiattn.tuning.attention_chunks`, when `wants_chunk_timing`; ``chunks``) and whether
+its own backward pass beats automatic differentiation
+(`multiattn.tuning.recompute_backward_pays`, when `wants_backward_timing`;
+``recompute_backward``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ __all__ = [
     "AttentionSpec",
     "Capabilities",
     "plan_attention",
+    "wants_backward_timing",
     "wants_chunk_timing",
     "wants_timing",
 ]
@@ -107,6 +112,10 @@ class AttentionSpec:
     ``fused_attention_pays`` then applies). ``chunks``: at most this many slices of the
     batch for the explicit path to run over in turn (``settings(attention_chunks=...)``,
     or measured by `multiattn.tuning.attention_chunks`); None: one piece.
+    ``recompute_backward``: whether the explicit path's own backward pass
+    (`multiattn.ops.explicit_grad`) beat automatic differentiation here
+    (``settings(recompute_backward=...)``, or measured by
+    `multiattn.tuning.recompute_backward_pays`); None: not decided (automatic).
 
     A key/value head count that does not divide the query heads is refused here
     (``ValueError``), so no spec describes one.
@@ -132,6 +141,7 @@ class AttentionSpec:
     block_size: tuple[int, int] | None = None
     fused_faster: bool | None = None
     chunks: int | None = None
+    recompute_backward: bool | None = None
 
     def __post_init__(self) -> None:
         _check_size("chunks", self.chunks)
@@ -178,7 +188,9 @@ class AttentionPlan:
     without the blockwise path (or the reverse), the kernel's causal flag off the fused
     path or with lengths, per-block masks off the blockwise path, weights or dropout off
     the explicit path, an empty-row mode of another path, slices of the batch
-    (``chunks > 1``) off the explicit path or with weights or dropout.
+    (``chunks > 1``) off the explicit path or with weights or dropout, the explicit
+    path's own backward pass (``recompute_backward``) elsewhere or with weights,
+    dropout or a bias.
     """
 
     path: Path
@@ -191,6 +203,8 @@ class AttentionPlan:
     weights: bool = False
     dropout: bool = False
     chunks: int = 1
+    recompute_backward: bool = False
+    bias: bool = False
 
     def __post_init__(self) -> None:
         if self.path not in _PATHS:
@@ -232,6 +246,11 @@ def _plan_problems(plan: AttentionPlan) -> list[str]:
         (
             plan.chunks != 1 and (plan.path != "explicit" or plan.weights or plan.dropout),
             "slices of the batch go with the explicit path without weights or dropout",
+        ),
+        (
+            plan.recompute_backward
+            and (plan.path != "explicit" or plan.weights or plan.dropout or plan.bias),
+            "the own backward pass goes with the explicit path without weights, dropout or bias",
         ),
     ]
     return [message for broken, message in rules if broken]
@@ -308,6 +327,20 @@ def wants_chunk_timing(spec: AttentionSpec) -> bool:
     )
 
 
+def wants_backward_timing(spec: AttentionSpec) -> bool:
+    """Whether the explicit path's own backward pass is to be measured against automatic
+    differentiation (`multiattn.tuning.recompute_backward_pays`): not decided
+    (``recompute_backward`` None), the call is compiled (eager calls are differentiated
+    automatically), and the plan is the explicit path without weights, dropout or bias."""
+    return (
+        spec.recompute_backward is None
+        and spec.traced
+        and not spec.needs_matrix
+        and not spec.bias
+        and plan_attention(spec).path == "explicit"
+    )
+
+
 def _chunks(spec: AttentionSpec) -> int:
     """The largest divisor of the batch not above ``spec.chunks``; 1 where the namespace
     does not map batches, the batch is unknown or the whole weight matrix is needed."""
@@ -377,4 +410,6 @@ def _explicit_plan(spec: AttentionSpec) -> AttentionPlan:
         weights=spec.weights,
         dropout=spec.dropout,
         chunks=_chunks(spec),
+        recompute_backward=bool(spec.recompute_backward) and not (spec.needs_matrix or spec.bias),
+        bias=spec.bias,
     )

@@ -1,0 +1,243 @@
+"""The explicit attention path's own backward pass (``settings(recompute_backward=True)``,
+`multiattn.ops.explicit_grad`) against the float64 oracle: values and gradients with
+every kind of mask, grouped heads, slices of the batch and a cache's layout; where it is
+taken and where not; the measured decision in compiled calls."""
+
+import keras
+import numpy as np
+import pytest
+from _support import BACKEND, TOL, assert_close, cast, gradients, numeric_grad, to_np
+
+from multiattn import config, ops, tuning
+from multiattn import reference as ref
+from multiattn._namespace import get_ops, keras_namespace
+from multiattn.ops import attention as core
+from multiattn.ops import explicit_grad
+from multiattn.ops.masking import softmax_lse, softmax_where
+
+RNG = np.random.default_rng(23)
+MAPS = keras_namespace().maps_batch
+# a streaming fused kernel (PyTorch's) takes unmasked calls whatever `fused_attention` says
+STREAMS = keras_namespace().fused_attention_streams
+B, H, TQ, TK, D = 4, 4, 9, 7, 8
+
+CASES = {
+    "plain": {},
+    "mask per row": {"mask": RNG.random((B, H, TQ, TK)) < 0.7},
+    "mask broadcast": {"mask": RNG.random((1, 1, TQ, TK)) < 0.7},
+    "mask with empty rows": {"mask": np.arange(TQ)[:, None] > np.zeros((B, 1, 1, TK))},
+    "lengths and causal": {"valid_lens": np.array([7, 3, 0, 5]), "causal": True},
+}
+
+
+@pytest.fixture
+def own_backward(monkeypatch):
+    """How many times the core took the own backward pass during the test."""
+    calls: list[int] = []
+    original = explicit_grad.attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(explicit_grad, "attention", spy)
+    return calls
+
+
+def _inputs(kv_heads: int = H) -> list[np.ndarray]:
+    shapes = ((B, H, TQ, D), (B, kv_heads, TK, D), (B, kv_heads, TK, D))
+    return [RNG.standard_normal(s) for s in shapes]
+
+
+def _oracle(q, k, v, kw):
+    """The float64 oracle's output, the key/value heads repeated for their query heads."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = (np.repeat(t, groups, axis=1) for t in (k, v))
+    return ref.scaled_dot_product_attention(q, k, v, **kw)[0]
+
+
+def _call(q, k, v, kw):
+    tensors = dict(kw)
+    if "valid_lens" in tensors:
+        tensors["valid_lens"] = keras.ops.convert_to_tensor(kw["valid_lens"], "int32")
+    return ops.scaled_dot_product_attention(q, k, v, **tensors)
+
+
+def _explicit(case: str) -> bool:
+    """The call takes the explicit path (the own backward pass is the explicit path's)."""
+    return not (STREAMS and case == "plain")
+
+
+def _settings(recompute=True, chunks=1):
+    return config.settings(
+        recompute_backward=recompute, attention_chunks=chunks, fused_attention=False
+    )
+
+
+@pytest.mark.parametrize("kv_heads", [H, 2], ids=["heads", "grouped"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_values_are_the_oracle_values(own_backward, case, kv_heads):
+    q, k, v = _inputs(kv_heads)
+    with _settings():
+        got = _call(*(cast(a, "float32") for a in (q, k, v)), CASES[case])
+    assert_close(got, _oracle(q, k, v, CASES[case]), "float32", TOL)
+    want = [1] if _explicit(case) else []
+    assert own_backward == want, f"own backward pass taken {len(own_backward)} times ({BACKEND})"
+
+
+@pytest.mark.parametrize("chunks", [1, 2], ids=["one piece", "two slices"])
+@pytest.mark.parametrize("kv_heads", [H, 2], ids=["heads", "grouped"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradients_are_the_oracle_gradients(own_backward, case, kv_heads, chunks):
+    q, k, v = _inputs(kv_heads)
+    kw = CASES[case]
+    g = RNG.standard_normal((B, H, TQ, D))
+
+    def fn(qt, kt, vt):
+        with _settings(chunks=chunks):
+            out = _call(qt, kt, vt, kw)
+        return keras.ops.sum(out * cast(g, "float32"))
+
+    grads = gradients(fn, *(cast(a, "float32") for a in (q, k, v)))
+
+    def oracle(qa, ka, va):
+        return float((_oracle(qa, ka, va, kw) * g).sum())
+
+    for name, got, want in zip("qkv", grads, numeric_grad(oracle, q, k, v)):
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err <= 1e-5, f"d{name}: relative error {err:.2e} ({BACKEND}, {case})"
+    assert bool(own_backward) == _explicit(case), f"own backward pass: {own_backward} ({BACKEND})"
+
+
+def test_a_cache_layout_gets_its_gradients_in_place(own_backward):
+    """Keys and values heads first ``(B, Hkv, Tk, D)`` (a KV cache's layout): the
+    gradients come back in that layout."""
+    q, k, v = _inputs(2)  # (B, H, T, D): the core wants queries (B, Tq, H, D)
+    g = RNG.standard_normal((B, TQ, H, D))
+    mask = CASES["mask with empty rows"]["mask"]
+    keep = keras.ops.convert_to_tensor(mask)
+    ns = get_ops(cast(q, "float32"))
+
+    def fn(qt, kt, vt):
+        with _settings():
+            out = core.attend(ns, qt, kt, vt, keep=keep, scale=D**-0.5, kv_heads_first=True)
+        return keras.ops.sum(out * cast(g, "float32"))
+
+    qt = np.transpose(q, (0, 2, 1, 3))
+    grads = gradients(fn, *(cast(a, "float32") for a in (qt, k, v)))
+
+    def oracle(qa, ka, va):
+        out = _oracle(np.transpose(qa, (0, 2, 1, 3)), ka, va, {"mask": mask})
+        return float((np.transpose(out, (0, 2, 1, 3)) * g).sum())
+
+    for name, got, want in zip("qkv", grads, numeric_grad(oracle, qt, k, v)):
+        assert got.shape == want.shape, (name, got.shape, want.shape)
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err <= 1e-5, f"d{name}: relative error {err:.2e} ({BACKEND})"
+    assert own_backward
+
+
+def test_weights_dropout_and_bias_are_differentiated_automatically(own_backward):
+    q, k, v = (cast(a, "float32") for a in _inputs())
+    with _settings():
+        _, weights = ops.scaled_dot_product_attention(q, k, v, return_weights=True)
+        ops.scaled_dot_product_attention(q, k, v, dropout=0.5, training=True, seed=1)
+        ops.scaled_dot_product_attention(
+            q, k, v, bias=cast(RNG.standard_normal((B, 1, TQ, TK)), "float32")
+        )
+    assert own_backward == []
+    want = ref.scaled_dot_product_attention(*(to_np(t) for t in (q, k, v)))[1]
+    assert_close(weights, want, "float32", TOL)
+
+
+def test_off_by_setting_and_in_eager_calls_by_default(own_backward):
+    q, k, v = (cast(a, "float32") for a in _inputs())
+    tuning.reset()
+    with _settings(recompute=False):
+        ops.scaled_dot_product_attention(q, k, v)
+    with config.settings(fused_attention=False):
+        ops.scaled_dot_product_attention(q, k, v)  # eager: not measured, automatic
+    assert own_backward == []
+    assert not [d for d in tuning.decisions() if d["op"] == "recompute-backward"]
+
+
+def test_softmax_lse_gives_the_softmax_and_its_log_denominator():
+    x = RNG.standard_normal((B, H, TQ, TK)) * 3
+    mask = CASES["mask with empty rows"]["mask"]
+    ns = get_ops(cast(x, "float32"))
+    for keep in (None, mask):
+        kt = None if keep is None else keras.ops.convert_to_tensor(keep)
+        weights, lse = softmax_lse(ns, cast(x, "float32"), kt)
+        same = softmax_where(ns, cast(x, "float32"), kt, zero_empty_rows=False)
+        np.testing.assert_array_equal(to_np(weights), to_np(same))
+        kept = np.ones(x.shape, bool) if keep is None else np.broadcast_to(keep, x.shape)
+        rows = kept.any(axis=-1)
+        masked = np.where(kept, x, -np.inf)
+        peak = masked.max(axis=-1, keepdims=True)
+        with np.errstate(invalid="ignore"):
+            want = (peak + np.log(np.exp(masked - peak).sum(axis=-1, keepdims=True)))[..., 0]
+        got = to_np(lse)[..., 0]
+        np.testing.assert_allclose(got[rows], want[rows], rtol=0, atol=2e-6)
+
+
+def _compiler():
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function
+    pytest.skip(f"{BACKEND} is not compiled in this suite")
+
+
+def _decisions() -> list[dict]:
+    return [d for d in tuning.decisions() if d["op"] == "recompute-backward"]
+
+
+def test_compiled_calls_measure_the_choice_once_per_class():
+    compiler = _compiler()
+    tuning.reset()
+    # scores of 8 * 4 * 128 * 128 float32 = 2 MiB, above CHUNK_MIN_BYTES
+    q, k, v = (cast(RNG.standard_normal((8, 4, 128, 16)), "float32") for _ in range(3))
+    assert 8 * 4 * 128 * 128 * 4 >= tuning.CHUNK_MIN_BYTES
+
+    def f(q, k, v):
+        with config.settings(fused_attention=False, attention_chunks=2):
+            return ops.scaled_dot_product_attention(q, k, v)
+
+    got = compiler(f)(q, k, v)
+    want = ref.scaled_dot_product_attention(*(to_np(t) for t in (q, k, v)))[0]
+    assert_close(got, want, "float32", TOL)
+    found = _decisions()
+    assert len(found) == 1 and found[0]["how"] == "measured", found
+    assert set(found[0]["median_ms"]) == {"autodiff", "recompute"}
+    # the class holds the slices the call runs in (the batch of 32: 2 slices asked for)
+    assert found[0]["shape_class"]["chunks"] == (2 if MAPS else 1), found[0]["shape_class"]
+    compiler(f)(q, k, v)  # a second trace: the decision is reused, not timed again
+    assert len(_decisions()) == 1
+    tuning.reset()
+
+
+def test_small_score_matrices_are_not_timed():
+    compiler = _compiler()
+    tuning.reset()
+    q, k, v = (cast(a, "float32") for a in _inputs())
+
+    def f(q, k, v):
+        with config.settings(fused_attention=False):
+            return ops.scaled_dot_product_attention(q, k, v)
+
+    compiler(f)(q, k, v)
+    found = _decisions()
+    assert [(d["choice"], d["how"]) for d in found] == [("autodiff", "fallback")]
+    assert "CHUNK_MIN_BYTES" in found[0]["reason"]
+    tuning.reset()
+
+
+@pytest.mark.parametrize("value", [1, "yes", 0.0])
+def test_the_setting_refuses_other_types(value):
+    with pytest.raises(TypeError, match="recompute_backward"):
+        with config.settings(recompute_backward=value):
+            pass
