@@ -20,10 +20,12 @@ stacked against their key/value head, as in the forward pass, so ``dK`` and ``dV
 over the group in the products. Where the plan slices the batch (``chunks``), both
 passes run over the same slices (`Namespace.map_batch`).
 
-Multi-head self-attention on jax under ``jax.jit`` (batch 8, length 512, width 512, 8
-heads, float32, 8 slices): 152 against 180 ms forward and backward, the forward pass
-unchanged. Whether it pays is measured per shape class
-(`multiattn.tuning.recompute_backward_pays`).
+The layer `multiattn.layers.MultiHeadAttention` in self-attention on jax under
+``jax.jit`` (batch 8, length 512, width 512, 8 heads, float32): 168 against 187 ms
+forward and backward in 8 slices, 175 against 179 in 4, the forward pass unchanged (the
+same softmax; ``lse`` is dropped where nothing differentiates the call). On TensorFlow
+automatic differentiation was faster (115 against 121 ms). Whether it pays is measured
+per shape class (`multiattn.tuning.recompute_backward_pays`).
 """
 
 from __future__ import annotations

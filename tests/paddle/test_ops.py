@@ -935,6 +935,42 @@ def test_blockwise_gradients_match_finite_differences_of_the_oracle(dtype, causa
     assert np.all(got[0][0, 1] == 0) and np.all(got[0][1, 3] == 0)  # rows with no key
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_own_backward_gradients_match_finite_differences_of_the_oracle(dtype, monkeypatch):
+    """The explicit path's own backward pass (`multiattn.ops.explicit_grad`, asked for by
+    ``settings(recompute_backward=True)``) on Paddle tensors, a fully masked row
+    included."""
+    from multiattn import config
+    from multiattn.ops import explicit_grad
+
+    taken = []
+    original = explicit_grad.attention
+    monkeypatch.setattr(
+        explicit_grad, "attention", lambda *a, **kw: taken.append(1) or original(*a, **kw)
+    )
+    # more queries than keys: the NaN screen runs before the path (`_screens_scores`)
+    q, k, v = (RNG.standard_normal(s) for s in ((2, 9, 4), (2, 5, 4), (2, 5, 3)))
+    lens = np.array([[2, 0, 5, 5, 1, 3, 5, 4, 2], [1, 4, 3, 0, 5, 5, 2, 1, 1]])
+    weights = RNG.standard_normal((2, 9, 3))
+    leaves = [tensor(a, dtype, grad=True) for a in (q, k, v)]
+    with config.settings(recompute_backward=True):
+        out = ops.scaled_dot_product_attention(*leaves, valid_lens=paddle.to_tensor(lens))
+    got = paddle_grads(PNS.sum(out * tensor(weights, dtype)), leaves)
+
+    def oracle(qa, ka, va):
+        return float(
+            np.sum(ref.scaled_dot_product_attention(qa, ka, va, valid_lens=lens)[0] * weights)
+        )
+
+    want = numeric_grad(oracle, *(rounded(a, dtype) for a in (q, k, v)))
+    bound = {"float64": 1e-9, "float32": 2e-6}[dtype]
+    for g, w in zip(got, want):
+        assert np.all(np.isfinite(g))
+        assert rel_err(g, w) <= bound
+    assert np.all(got[0][0, 1] == 0) and np.all(got[0][1, 3] == 0)  # rows with no key
+    assert taken == [1]
+
+
 def test_blockwise_gradient_of_the_queries_alone_and_no_second_differentiation():
     """Keys and values that take no gradient get none (Paddle wants None for them); a
     gradient with ``create_graph=True`` raises instead of missing the terms of the saved
