@@ -221,6 +221,7 @@ def decide(
     reason: str = "",
     sync: Callable[[Any], Any] | None = None,
     margin: float = 0.0,
+    prefer: Sequence[str] = (),
 ) -> str:
     """The name of the faster candidate for ``op`` on ``shape_class``, timed once per
     process and class.
@@ -242,6 +243,9 @@ def decide(
             layers' choices: what a candidate costs beyond its timed forward call, its
             backward pass or its buffers in a larger program, is not timed, and a tie
             went either way from process to process).
+        prefer: candidates in order of preference among those that tie: where the
+            fallback does not keep the class, the first of ``prefer`` whose median is
+            within ``margin`` of the lowest is taken instead of the fastest.
 
     A candidate that raises drops out; if all do, ``fallback`` is taken and recorded.
     """
@@ -262,9 +266,7 @@ def decide(
         samples, errors = _measure(dict(fns), REPEATS, sync)
         medians = {name: statistics.median(ts) * 1e3 for name, ts in samples.items() if ts}
         if medians:
-            choice = min(medians, key=medians.__getitem__)
-            if fallback in medians and medians[choice] >= medians[fallback] * (1 - margin):
-                choice = fallback
+            choice = _fastest(medians, fallback, margin, prefer)
             decision = Decision(op, key[1], choice, "measured", medians, timed)
         else:
             why = "; ".join(f"{k}: {v}" for k, v in errors.items()) or "no candidate ran"
@@ -272,6 +274,18 @@ def decide(
         _DECISIONS[key] = decision
         _FALLBACKS.pop(key, None)
         return decision.choice
+
+
+def _fastest(
+    medians: Mapping[str, float], fallback: str, margin: float, prefer: Sequence[str]
+) -> str:
+    """`decide`'s rule: the lowest median, unless the fallback's is within ``margin`` of
+    it (the fallback), or a candidate earlier in ``prefer`` is (that one)."""
+    best = min(medians, key=medians.__getitem__)
+    if fallback in medians and medians[best] >= medians[fallback] * (1 - margin):
+        return fallback
+    ties = [c for c in prefer if c in medians and medians[best] >= medians[c] * (1 - margin)]
+    return ties[0] if ties else best
 
 
 def _measure(
@@ -590,7 +604,9 @@ def attention_chunks(
     the buffers of that size), compiled as the caller is, through `Namespace.map_batch`
     for the counts above 1. The class is the backend, its device, the dtype, ``B``,
     ``H``, ``Hkv``, ``Tq`` and ``Tk`` rounded up to powers of two, ``D``, ``Dv`` and the
-    key/value layout. Not timed (one piece): score matrices under `CHUNK_MIN_BYTES`,
+    key/value layout. Counts that tie (within `MARGIN` of the fastest) go to the most
+    slices: the smallest buffers, and a tie went either way from run to run. Not timed
+    (one piece): score matrices under `CHUNK_MIN_BYTES`,
     sizes unknown at trace time, and where nothing can be timed (Keras symbolic tensors,
     ``torch.compile``).
     """
@@ -620,7 +636,11 @@ def attention_chunks(
             runs = {str(c): _compiled(ops.backend, run(c), tensors, how) for c in counts}
         return runs, f"({b}, {tq}, {h}, {d}) queries, {(*kv, d)} keys, forward"
 
-    return int(_decide_eagerly("attention-chunks", cls, candidates, "1", measurable, why))
+    # among counts that tie, the most slices: the smallest buffers (in the layer at the
+    # default shape, 8 slices tied with 4 forward and took 168 against 175 ms forward and
+    # backward with the own backward pass)
+    prefer = [str(c) for c in sorted(counts, reverse=True)]
+    return int(_decide_eagerly("attention-chunks", cls, candidates, "1", measurable, why, prefer))
 
 
 def recompute_backward_pays(
@@ -659,7 +679,8 @@ def recompute_backward_pays(
     output with respect to the three inputs) on random inputs of the call's full size,
     compiled as the caller is. The class is `attention_chunks`' with the slices. Not
     timed (automatic differentiation): eager calls (they are not compiled: the caller
-    asks only when tracing), backends other than jax and TensorFlow, score matrices
+    asks only when tracing), backends other than jax and TensorFlow, keys and values
+    heads first (a KV cache: decoding, which nothing differentiates), score matrices
     under `CHUNK_MIN_BYTES` and sizes unknown at trace time.
     """
     sizes, cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
@@ -668,6 +689,10 @@ def recompute_backward_pays(
     cls.update(batch=b, heads=h, kv_heads=hkv, chunks=chunks)
     if measurable and ops.backend not in ("jax", "tensorflow"):
         measurable, why = False, "a backend whose gradients are not timed"
+    if measurable and kv_heads_first:
+        # a KV cache's layout: decoding, which nothing differentiates; timing would only
+        # delay the first `generate` call
+        measurable, why = False, "keys and values heads first (a KV cache: decoding)"
     if measurable and None in (b, hkv):
         measurable, why = False, "a size unknown at trace time"
     itemsize = 8 if dtype == "float64" else 4
@@ -837,7 +862,13 @@ def _and_backward(fn: Callable[..., Any], backend: str = "torch") -> Callable[..
 
 
 def _decide_eagerly(
-    op: str, cls: dict, candidates: Callable, fallback: str, measurable: bool, why: str
+    op: str,
+    cls: dict,
+    candidates: Callable,
+    fallback: str,
+    measurable: bool,
+    why: str,
+    prefer: Sequence[str] = (),
 ) -> str:
     """`decide` for a class whose ``backend`` and ``device`` fields name the framework,
     timing outside any ``jax.jit`` / ``tf.function`` trace under way."""
@@ -852,6 +883,7 @@ def _decide_eagerly(
             reason=why,
             sync=_sync(backend, cls["device"]),
             margin=MARGIN,
+            prefer=prefer,
         )
 
 

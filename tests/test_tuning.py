@@ -122,6 +122,27 @@ def test_the_fallback_keeps_the_class_within_the_margin(monkeypatch, cost_b, mar
     assert got == choice
 
 
+@pytest.mark.parametrize(
+    ("costs", "choice"),
+    [
+        ({"1": 1.0, "4": 0.5, "8": 0.51}, "8"),  # 4 and 8 tie: the preferred one
+        ({"1": 1.0, "4": 0.5, "8": 0.6}, "4"),  # 8 is 20% slower: the fastest
+        ({"1": 0.51, "4": 0.5, "8": 0.5}, "1"),  # the fallback ties: it keeps the class
+        ({"1": 1.0, "2": 0.5, "4": 0.5}, "4"),  # "8" did not run: the next preferred
+    ],
+)
+def test_preferred_candidates_win_ties(monkeypatch, costs, choice):
+    clock = FakeClock()
+    monkeypatch.setattr(tuning, "_clock", clock)
+    unit = 2.0**-7  # binary fractions: the fake clock adds them exactly
+
+    def candidates():
+        return {name: clock.candidate(name, unit * c) for name, c in costs.items()}, ""
+
+    got = tuning.decide("op", costs, candidates, fallback="1", margin=0.05, prefer=["8", "4", "2"])
+    assert got == choice
+
+
 def test_faster_candidate_wins_and_timing_is_interleaved(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(tuning, "_clock", clock)

@@ -236,6 +236,29 @@ def test_small_score_matrices_are_not_timed():
     tuning.reset()
 
 
+def test_a_cache_layout_is_not_timed():
+    """Keys and values heads first (a KV cache) are decoding: differentiated
+    automatically, and nothing is timed that only a backward pass would use."""
+    compiler = _compiler()
+    tuning.reset()
+    q = cast(RNG.standard_normal((8, 128, 4, 16)), "float32")
+    k, v = (cast(RNG.standard_normal((8, 4, 128, 16)), "float32") for _ in range(2))
+    ns = get_ops(q)
+
+    def f(q, k, v):
+        with config.settings(fused_attention=False):
+            return core.attend(ns, q, k, v, scale=0.25, kv_heads_first=True)
+
+    got = compiler(f)(q, k, v)
+    qa, ka, va = (to_np(t) for t in (q, k, v))
+    want = _oracle(np.transpose(qa, (0, 2, 1, 3)), ka, va, {})
+    assert_close(got, np.transpose(want, (0, 2, 1, 3)), "float32", TOL)
+    found = _decisions()
+    assert [(d["choice"], d["how"]) for d in found] == [("autodiff", "fallback")]
+    assert "KV cache" in found[0]["reason"]
+    tuning.reset()
+
+
 @pytest.mark.parametrize("value", [1, "yes", 0.0])
 def test_the_setting_refuses_other_types(value):
     with pytest.raises(TypeError, match="recompute_backward"):
