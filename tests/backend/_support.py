@@ -96,3 +96,17 @@ def numeric_grad(fn, *arrays, eps: float = 1e-6):
             grad[idx] = (fn(*plus) - fn(*minus)) / (2 * eps)
         out.append(grad)
     return out
+
+
+def compiler():
+    """The compiler of the running backend's user code (``jax.jit``, ``tf.function``);
+    skips the test on the backends this suite runs eagerly."""
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function
+    pytest.skip(f"{BACKEND} is not compiled in this suite")

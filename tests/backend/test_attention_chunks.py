@@ -5,7 +5,16 @@ gradients, compiled calls, and the slices actually taken."""
 import keras
 import numpy as np
 import pytest
-from _support import BACKEND, TOL, assert_close, cast, gradients, numeric_grad, to_np
+from _support import (
+    BACKEND,
+    TOL,
+    assert_close,
+    cast,
+    compiler,
+    gradients,
+    numeric_grad,
+    to_np,
+)
 
 from multiattn import config, ops, tuning
 from multiattn import reference as ref
@@ -117,18 +126,6 @@ def test_slices_give_the_oracle_gradients(slices, case):
     assert set(slices) == ({2} if MAPS else set())
 
 
-def _compiler():
-    if BACKEND == "jax":
-        import jax
-
-        return jax.jit
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        return tf.function
-    pytest.skip(f"{BACKEND} is not compiled in this suite")
-
-
 def test_compiled_calls_take_the_slices_asked_for(slices):
     q, k, v = (cast(a, "float32") for a in _inputs())
     mask = CASES["mask per row"]["mask"]
@@ -137,14 +134,14 @@ def test_compiled_calls_take_the_slices_asked_for(slices):
         with config.settings(attention_chunks=4, fused_attention=False):
             return ops.scaled_dot_product_attention(q, k, v, mask=mask)
 
-    got = _compiler()(f)(q, k, v)
+    got = compiler()(f)(q, k, v)
     want = ref.scaled_dot_product_attention(*(to_np(t) for t in (q, k, v)), mask=mask)[0]
     assert_close(got, want, "float32", TOL)
     assert slices == ([4] if MAPS else [])
 
 
 def test_compiled_calls_measure_the_slices_once_per_class(slices):
-    compiler = _compiler()
+    jit = compiler()
     if not MAPS:
         pytest.skip(f"{BACKEND} runs attention in one piece: nothing to measure")
     tuning.reset()
@@ -157,7 +154,7 @@ def test_compiled_calls_measure_the_slices_once_per_class(slices):
         with config.settings(fused_attention=False, recompute_backward=False):
             return ops.scaled_dot_product_attention(q, k, v)
 
-    got = compiler(f)(q, k, v)
+    got = jit(f)(q, k, v)
     want = ref.scaled_dot_product_attention(*(to_np(t) for t in (q, k, v)))[0]
     assert_close(got, want, "float32", TOL)
     found = [d for d in tuning.decisions() if d["op"] == "attention-chunks"]
@@ -167,13 +164,13 @@ def test_compiled_calls_measure_the_slices_once_per_class(slices):
     choice = int(found[0]["choice"])
     # the candidates above one slice are traced first, then the call takes the choice
     assert slices == [2, 4, 8, 16] + ([choice] if choice > 1 else [])
-    compiler(f)(q, k, v)  # a second trace: the decision is reused, not timed again
+    jit(f)(q, k, v)  # a second trace: the decision is reused, not timed again
     assert len([d for d in tuning.decisions() if d["op"] == "attention-chunks"]) == 1
     tuning.reset()
 
 
 def test_small_score_matrices_are_not_timed():
-    compiler = _compiler()
+    jit = compiler()
     if not MAPS:
         pytest.skip(f"{BACKEND} runs attention in one piece: nothing to measure")
     tuning.reset()
@@ -183,7 +180,7 @@ def test_small_score_matrices_are_not_timed():
         with config.settings(fused_attention=False):
             return ops.scaled_dot_product_attention(q, k, v)
 
-    compiler(f)(q, k, v)
+    jit(f)(q, k, v)
     found = [d for d in tuning.decisions() if d["op"] == "attention-chunks"]
     assert [(d["choice"], d["how"]) for d in found] == [("1", "fallback")]
     assert "CHUNK_MIN_BYTES" in found[0]["reason"]

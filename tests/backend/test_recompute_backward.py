@@ -6,7 +6,16 @@ taken and where not; the measured decision in compiled calls."""
 import keras
 import numpy as np
 import pytest
-from _support import BACKEND, TOL, assert_close, cast, gradients, numeric_grad, to_np
+from _support import (
+    BACKEND,
+    TOL,
+    assert_close,
+    cast,
+    compiler,
+    gradients,
+    numeric_grad,
+    to_np,
+)
 
 from multiattn import config, ops, tuning
 from multiattn import reference as ref
@@ -180,24 +189,12 @@ def test_softmax_lse_gives_the_softmax_and_its_log_denominator():
         np.testing.assert_allclose(got[rows], want[rows], rtol=0, atol=2e-6)
 
 
-def _compiler():
-    if BACKEND == "jax":
-        import jax
-
-        return jax.jit
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        return tf.function
-    pytest.skip(f"{BACKEND} is not compiled in this suite")
-
-
 def _decisions() -> list[dict]:
     return [d for d in tuning.decisions() if d["op"] == "recompute-backward"]
 
 
 def test_compiled_calls_measure_the_choice_once_per_class():
-    compiler = _compiler()
+    jit = compiler()
     tuning.reset()
     # scores of 8 * 4 * 128 * 128 float32 = 2 MiB, above CHUNK_MIN_BYTES
     q, k, v = (cast(RNG.standard_normal((8, 4, 128, 16)), "float32") for _ in range(3))
@@ -207,7 +204,7 @@ def test_compiled_calls_measure_the_choice_once_per_class():
         with config.settings(fused_attention=False, attention_chunks=2):
             return ops.scaled_dot_product_attention(q, k, v)
 
-    got = compiler(f)(q, k, v)
+    got = jit(f)(q, k, v)
     want = ref.scaled_dot_product_attention(*(to_np(t) for t in (q, k, v)))[0]
     assert_close(got, want, "float32", TOL)
     found = _decisions()
@@ -215,13 +212,13 @@ def test_compiled_calls_measure_the_choice_once_per_class():
     assert set(found[0]["median_ms"]) == {"autodiff", "recompute"}
     # the class holds the slices the call runs in (the batch of 32: 2 slices asked for)
     assert found[0]["shape_class"]["chunks"] == (2 if MAPS else 1), found[0]["shape_class"]
-    compiler(f)(q, k, v)  # a second trace: the decision is reused, not timed again
+    jit(f)(q, k, v)  # a second trace: the decision is reused, not timed again
     assert len(_decisions()) == 1
     tuning.reset()
 
 
 def test_small_score_matrices_are_not_timed():
-    compiler = _compiler()
+    jit = compiler()
     tuning.reset()
     q, k, v = (cast(a, "float32") for a in _inputs())
 
@@ -229,7 +226,7 @@ def test_small_score_matrices_are_not_timed():
         with config.settings(fused_attention=False):
             return ops.scaled_dot_product_attention(q, k, v)
 
-    compiler(f)(q, k, v)
+    jit(f)(q, k, v)
     found = _decisions()
     assert [(d["choice"], d["how"]) for d in found] == [("autodiff", "fallback")]
     assert "CHUNK_MIN_BYTES" in found[0]["reason"]
@@ -239,7 +236,7 @@ def test_small_score_matrices_are_not_timed():
 def test_a_cache_layout_is_not_timed():
     """Keys and values heads first (a KV cache) are decoding: differentiated
     automatically, and nothing is timed that only a backward pass would use."""
-    compiler = _compiler()
+    jit = compiler()
     tuning.reset()
     q = cast(RNG.standard_normal((8, 128, 4, 16)), "float32")
     k, v = (cast(RNG.standard_normal((8, 4, 128, 16)), "float32") for _ in range(2))
@@ -249,7 +246,7 @@ def test_a_cache_layout_is_not_timed():
         with config.settings(fused_attention=False):
             return core.attend(ns, q, k, v, scale=0.25, kv_heads_first=True)
 
-    got = compiler(f)(q, k, v)
+    got = jit(f)(q, k, v)
     qa, ka, va = (to_np(t) for t in (q, k, v))
     want = _oracle(np.transpose(qa, (0, 2, 1, 3)), ka, va, {})
     assert_close(got, np.transpose(want, (0, 2, 1, 3)), "float32", TOL)

@@ -885,13 +885,28 @@ def test_core_input_errors_on_paddle_tensors():
 # --- gradients through the core -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("own_backward", [False, True], ids=["autodiff", "own_backward"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_attention_gradients_match_finite_differences_of_the_oracle(dtype):
-    q, k, v = (RNG.standard_normal(s) for s in ((2, 3, 4), (2, 5, 4), (2, 5, 3)))
-    lens = np.array([[2, 0, 5], [1, 4, 3]])  # includes a fully masked query row
-    weights = RNG.standard_normal((2, 3, 3))
+def test_attention_gradients_match_finite_differences_of_the_oracle(
+    dtype, own_backward, monkeypatch
+):
+    """The explicit path differentiated by Paddle, and by its own backward pass
+    (`multiattn.ops.explicit_grad`, ``settings(recompute_backward=True)``)."""
+    from multiattn import config
+    from multiattn.ops import explicit_grad
+
+    taken = []
+    original = explicit_grad.attention
+    monkeypatch.setattr(
+        explicit_grad, "attention", lambda *a, **kw: taken.append(1) or original(*a, **kw)
+    )
+    # more queries than keys: the NaN screen runs before the path (`_screens_scores`)
+    q, k, v = (RNG.standard_normal(s) for s in ((2, 9, 4), (2, 5, 4), (2, 5, 3)))
+    lens = np.array([[2, 0, 5, 5, 1, 3, 5, 4, 2], [1, 4, 3, 0, 5, 5, 2, 1, 1]])
+    weights = RNG.standard_normal((2, 9, 3))
     leaves = [tensor(a, dtype, grad=True) for a in (q, k, v)]
-    out = ops.scaled_dot_product_attention(*leaves, valid_lens=paddle.to_tensor(lens))
+    with config.settings(recompute_backward=own_backward):
+        out = ops.scaled_dot_product_attention(*leaves, valid_lens=paddle.to_tensor(lens))
     loss = PNS.sum(out * tensor(weights, dtype))
     got = paddle_grads(loss, leaves)
 
@@ -905,7 +920,8 @@ def test_attention_gradients_match_finite_differences_of_the_oracle(dtype):
     for g, w in zip(got, want):
         assert np.all(np.isfinite(g))
         assert rel_err(g, w) <= bound
-    assert np.all(got[0][0, 1] == 0)  # the fully masked query gets no gradient
+    assert np.all(got[0][0, 1] == 0) and np.all(got[0][1, 3] == 0)  # rows with no key
+    assert taken == ([1] if own_backward else [])
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -933,42 +949,6 @@ def test_blockwise_gradients_match_finite_differences_of_the_oracle(dtype, causa
         assert np.all(np.isfinite(g))
         assert rel_err(g, w) <= bound
     assert np.all(got[0][0, 1] == 0) and np.all(got[0][1, 3] == 0)  # rows with no key
-
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_own_backward_gradients_match_finite_differences_of_the_oracle(dtype, monkeypatch):
-    """The explicit path's own backward pass (`multiattn.ops.explicit_grad`, asked for by
-    ``settings(recompute_backward=True)``) on Paddle tensors, a fully masked row
-    included."""
-    from multiattn import config
-    from multiattn.ops import explicit_grad
-
-    taken = []
-    original = explicit_grad.attention
-    monkeypatch.setattr(
-        explicit_grad, "attention", lambda *a, **kw: taken.append(1) or original(*a, **kw)
-    )
-    # more queries than keys: the NaN screen runs before the path (`_screens_scores`)
-    q, k, v = (RNG.standard_normal(s) for s in ((2, 9, 4), (2, 5, 4), (2, 5, 3)))
-    lens = np.array([[2, 0, 5, 5, 1, 3, 5, 4, 2], [1, 4, 3, 0, 5, 5, 2, 1, 1]])
-    weights = RNG.standard_normal((2, 9, 3))
-    leaves = [tensor(a, dtype, grad=True) for a in (q, k, v)]
-    with config.settings(recompute_backward=True):
-        out = ops.scaled_dot_product_attention(*leaves, valid_lens=paddle.to_tensor(lens))
-    got = paddle_grads(PNS.sum(out * tensor(weights, dtype)), leaves)
-
-    def oracle(qa, ka, va):
-        return float(
-            np.sum(ref.scaled_dot_product_attention(qa, ka, va, valid_lens=lens)[0] * weights)
-        )
-
-    want = numeric_grad(oracle, *(rounded(a, dtype) for a in (q, k, v)))
-    bound = {"float64": 1e-9, "float32": 2e-6}[dtype]
-    for g, w in zip(got, want):
-        assert np.all(np.isfinite(g))
-        assert rel_err(g, w) <= bound
-    assert np.all(got[0][0, 1] == 0) and np.all(got[0][1, 3] == 0)  # rows with no key
-    assert taken == [1]
 
 
 def test_blockwise_gradient_of_the_queries_alone_and_no_second_differentiation():
