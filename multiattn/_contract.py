@@ -331,7 +331,8 @@ class Namespace(Protocol):
         any other (a mask or bias broadcast over the batch, ``None``) is passed whole to
         every slice. ``fn`` returns one array whose leading axis is the batch, or a tuple
         of them (then so does this). The result equals ``fn(*args)`` up to rounding, and
-        so do its gradients (taken as those of ``fn(*args)`` where the framework can). Called only where `maps_batch` is True."""
+        so do its gradients (taken as those of ``fn(*args)`` where the framework can).
+        Called only where `maps_batch` is True."""
         raise NotImplementedError(
             f"{type(self).__name__}.map_batch: this namespace does not map over the batch "
             "(maps_batch is False); the core runs attention in one piece."

@@ -573,6 +573,47 @@ def fused_attention_pays(
 CHUNK_MIN_BYTES = 1 << 20
 
 
+def _at_full_size(sizes: tuple, cls: dict, measurable: bool, why: str) -> tuple[bool, str]:
+    """What the choices timed at the call's full size (`attention_chunks`,
+    `recompute_backward_pays`) add to `_attention_class`: the class also holds ``B``,
+    ``H`` and ``H_kv`` (``cls`` is updated), and nothing is timed where one of them is
+    unknown at trace time or the score matrix is under `CHUNK_MIN_BYTES`. Returns
+    ``(measurable, why)``."""
+    b, tq, h, hkv, tk = sizes[:5]
+    cls.update(batch=b, heads=h, kv_heads=hkv)
+    if measurable and None in (b, hkv):
+        return False, "a size unknown at trace time"
+    itemsize = 8 if cls["dtype"] == "float64" else 4
+    if measurable and b * h * tq * tk * itemsize < CHUNK_MIN_BYTES:
+        return False, "a score matrix under CHUNK_MIN_BYTES"
+    return measurable, why
+
+
+def _full_size_inputs(
+    ops: Any, sizes: tuple, dtype: str, like: Any, kv_heads_first: bool
+) -> tuple[list, str]:
+    """Random query, key and value of the call's full size (`_random_tensors`; call
+    inside `_eager`), and their description for the decision."""
+    b, tq, h, hkv, tk, d, dv = sizes
+    kv = (b, hkv, tk) if kv_heads_first else (b, tk, hkv)
+    tensors = _random_tensors(ops, [(b, tq, h, d), (*kv, d), (*kv, dv)], dtype, like)
+    return tensors, f"({b}, {tq}, {h}, {d}) queries, {(*kv, d)} keys"
+
+
+def _in_slices(
+    ops: Any, explicit: Callable[..., Any], sizes: tuple, chunks: int, kv_heads_first: bool
+) -> Callable[..., Any]:
+    """``explicit(ops, q, k, v, scale, kv_heads_first)`` (the explicit path without a
+    mask) as ``fn(q, k, v)`` over ``chunks`` slices of the batch (`Namespace.map_batch`;
+    one piece for 1), the scale that of the key width in ``sizes``."""
+    scale = 1.0 / math.sqrt(sizes[5])
+
+    def one(q: Any, k: Any, v: Any) -> Any:
+        return explicit(ops, q, k, v, scale, kv_heads_first)
+
+    return one if chunks == 1 else lambda q, k, v: ops.map_batch(one, (q, k, v), chunks)
+
+
 def attention_chunks(
     ops: Any,
     query: Any,
@@ -611,30 +652,20 @@ def attention_chunks(
     ``torch.compile``).
     """
     sizes, cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
-    b, tq, h, hkv, tk, d, dv = sizes
-    dtype = cls["dtype"]
-    cls.update(batch=b, heads=h, kv_heads=hkv)
-    if measurable and None in (b, hkv):
-        measurable, why = False, "a size unknown at trace time"
-    itemsize = 8 if dtype == "float64" else 4
-    if measurable and b * h * tq * tk * itemsize < CHUNK_MIN_BYTES:
-        measurable, why = False, "a score matrix under CHUNK_MIN_BYTES"
+    measurable, why = _at_full_size(sizes, cls, measurable, why)
+    b = sizes[0]
     counts = [c for c in (1, 2, 4, 8, 16) if measurable and c <= b and b % c == 0]
 
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
-        kv = (b, hkv, tk) if kv_heads_first else (b, tk, hkv)
-        scale = 1.0 / math.sqrt(d)
-
-        def run(c: int) -> Callable[..., Any]:
-            def one(q: Any, k: Any, v: Any) -> Any:
-                return explicit(ops, q, k, v, scale, kv_heads_first)
-
-            return one if c == 1 else lambda q, k, v: ops.map_batch(one, (q, k, v), c)
-
         with _eager(ops.backend):
-            tensors = _random_tensors(ops, [(b, tq, h, d), (*kv, d), (*kv, dv)], dtype, query)
-            runs = {str(c): _compiled(ops.backend, run(c), tensors, how) for c in counts}
-        return runs, f"({b}, {tq}, {h}, {d}) queries, {(*kv, d)} keys, forward"
+            tensors, timed = _full_size_inputs(ops, sizes, cls["dtype"], query, kv_heads_first)
+            runs = {
+                str(c): _compiled(
+                    ops.backend, _in_slices(ops, explicit, sizes, c, kv_heads_first), tensors, how
+                )
+                for c in counts
+            }
+        return runs, f"{timed}, forward"
 
     # among counts that tie, the most slices: the smallest buffers (in the layer at the
     # default shape, 8 slices tied with 4 forward and took 168 against 175 ms forward and
@@ -684,43 +715,29 @@ def recompute_backward_pays(
     under `CHUNK_MIN_BYTES` and sizes unknown at trace time.
     """
     sizes, cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
-    b, tq, h, hkv, tk, d, dv = sizes
-    dtype = cls["dtype"]
-    cls.update(batch=b, heads=h, kv_heads=hkv, chunks=chunks)
     if measurable and ops.backend not in ("jax", "tensorflow"):
         measurable, why = False, "a backend whose gradients are not timed"
     if measurable and kv_heads_first:
         # a KV cache's layout: decoding, which nothing differentiates; timing would only
         # delay the first `generate` call
         measurable, why = False, "keys and values heads first (a KV cache: decoding)"
-    if measurable and None in (b, hkv):
-        measurable, why = False, "a size unknown at trace time"
-    itemsize = 8 if dtype == "float64" else 4
-    if measurable and b * h * tq * tk * itemsize < CHUNK_MIN_BYTES:
-        measurable, why = False, "a score matrix under CHUNK_MIN_BYTES"
+    measurable, why = _at_full_size(sizes, cls, measurable, why)
+    cls["chunks"] = chunks
 
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
-        kv = (b, hkv, tk) if kv_heads_first else (b, tk, hkv)
-        scale = 1.0 / math.sqrt(d)
-
-        def automatic(q: Any, k: Any, v: Any) -> Any:
-            def one(q: Any, k: Any, v: Any) -> Any:
-                return explicit(ops, q, k, v, scale, kv_heads_first)
-
-            return one(q, k, v) if chunks == 1 else ops.map_batch(one, (q, k, v), chunks)
-
+        scale = 1.0 / math.sqrt(sizes[5])
         fns = {
-            "autodiff": automatic,
+            "autodiff": _in_slices(ops, explicit, sizes, chunks, kv_heads_first),
             "recompute": lambda q, k, v: recomputed(ops, q, k, v, scale, chunks, kv_heads_first),
         }
         with _eager(ops.backend):
-            tensors = _random_tensors(ops, [(b, tq, h, d), (*kv, d), (*kv, dv)], dtype, query)
+            tensors, timed = _full_size_inputs(ops, sizes, cls["dtype"], query, kv_heads_first)
             runs = {
                 name: _compiled(ops.backend, _and_backward(fn, ops.backend), tensors, how)
                 for name, fn in fns.items()
             }
         sliced = f" in {chunks} slices" if chunks > 1 else ""
-        return runs, f"({b}, {tq}, {h}, {d}) queries, {(*kv, d)} keys{sliced}, forward and backward"
+        return runs, f"{timed}{sliced}, forward and backward"
 
     choice = _decide_eagerly("recompute-backward", cls, candidates, "autodiff", measurable, why)
     return choice == "recompute"

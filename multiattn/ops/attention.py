@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .. import config, tuning
@@ -410,9 +409,12 @@ class _Dropout(NamedTuple):
     seed: Any
 
 
-def _with_lse(ops: Any, scale: float, kv_heads_first: bool) -> Callable[..., tuple]:
-    """The explicit path without weights, dropout or bias as ``fn(q, k, v, keep) ->
-    (output, lse)``, the forward pass of `multiattn.ops.explicit_grad`."""
+def _recomputed(
+    ops: Any, query: Any, key: Any, value: Any, keep: Any, scale: float, chunks: int,
+    kv_heads_first: bool,
+) -> Any:  # fmt: skip
+    """The explicit path without weights, dropout or bias, differentiated by its own
+    backward pass (`multiattn.ops.explicit_grad`) over ``chunks`` slices of the batch."""
 
     def forward(q: Any, k: Any, v: Any, keep: Any) -> tuple[Any, Any]:
         lse: list = []
@@ -421,19 +423,17 @@ def _with_lse(ops: Any, scale: float, kv_heads_first: bool) -> Callable[..., tup
         )[0]
         return out, lse[0]
 
-    return forward
+    return explicit_grad.attention(
+        ops, query, key, value, keep, scale, forward, chunks, kv_heads_first
+    )
 
 
 def _recomputed_unmasked(
     ops: Any, query: Any, key: Any, value: Any, scale: float, chunks: int, kv_heads_first: bool
 ) -> Any:
-    """The explicit path without a mask, differentiated by its own backward pass over
-    ``chunks`` slices of the batch (a candidate of
+    """`_recomputed` without a mask (a candidate of
     `multiattn.tuning.recompute_backward_pays`)."""
-    forward = _with_lse(ops, scale, kv_heads_first)
-    return explicit_grad.attention(
-        ops, query, key, value, None, scale, forward, chunks, kv_heads_first
-    )
+    return _recomputed(ops, query, key, value, None, scale, chunks, kv_heads_first)
 
 
 def _direct_attention(
@@ -460,11 +460,7 @@ def _direct_attention(
     if how.path == "fused":
         return _fused_attention(ops, query, key, value, keep, how, scale), None
     if how.recompute_backward and scores is None:
-        forward = _with_lse(ops, scale, kv_heads_first)
-        out = explicit_grad.attention(
-            ops, query, key, value, keep, scale, forward, how.chunks, kv_heads_first
-        )
-        return out, None
+        return _recomputed(ops, query, key, value, keep, scale, how.chunks, kv_heads_first), None
     if how.chunks > 1 and scores is None:
 
         def piece(q: Any, k: Any, v: Any, keep: Any, bias: Any) -> Any:
