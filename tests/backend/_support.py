@@ -110,3 +110,27 @@ def compiler():
 
         return tf.function
     pytest.skip(f"{BACKEND} is not compiled in this suite")
+
+
+def attention_cases(rng, b: int, h: int, tq: int, tk: int, lengths) -> dict[str, dict]:
+    """Keyword arguments of `multiattn.ops.scaled_dot_product_attention` for every kind of
+    mask on ``(b, h, tq, tk)`` scores: none, a mask per row, one broadcast, one with
+    empty rows, and ``lengths`` (``(b,)``) with the causal mask."""
+    return {
+        "plain": {},
+        "mask per row": {"mask": rng.random((b, h, tq, tk)) < 0.7},
+        "mask broadcast": {"mask": rng.random((1, 1, tq, tk)) < 0.7},
+        "mask with empty rows": {"mask": np.arange(tq)[:, None] > np.zeros((b, 1, 1, tk))},
+        "lengths and causal": {"valid_lens": np.asarray(lengths), "causal": True},
+    }
+
+
+def grouped_oracle(q, k, v, kw: dict):
+    """The float64 oracle's output and weights for ``(B, H, T, D)`` inputs, the key/value
+    heads repeated for their query heads (head ``h`` reads key/value head ``h // (H /
+    H_kv)``)."""
+    from multiattn import reference
+
+    groups = q.shape[1] // k.shape[1]
+    k, v = (np.repeat(t, groups, axis=1) for t in (k, v))
+    return reference.scaled_dot_product_attention(q, k, v, **kw)

@@ -9,9 +9,11 @@ from _support import (
     BACKEND,
     TOL,
     assert_close,
+    attention_cases,
     cast,
     compiler,
     gradients,
+    grouped_oracle,
     numeric_grad,
     to_np,
 )
@@ -50,23 +52,11 @@ def _inputs(kv_heads: int = H) -> list[np.ndarray]:
     return [RNG.standard_normal(s) for s in shapes]
 
 
-CASES = {
-    "plain": {},
-    "mask per row": {"mask": RNG.random((B, H, TQ, TK)) < 0.7},
-    "mask broadcast": {"mask": RNG.random((1, 1, TQ, TK)) < 0.7},
-    "mask with empty rows": {"mask": np.arange(TQ)[:, None] > np.zeros((B, 1, 1, TK))},
-    "bias per row": {"bias": RNG.standard_normal((B, 1, TQ, TK))},
-    "bias broadcast": {"bias": RNG.standard_normal((H, TQ, TK))},
-    "lengths and causal": {"valid_lens": np.array([7, 3, 0, 5]), "causal": True},
-}
-
-
-def _oracle(q, k, v, kw):
-    """The float64 oracle's output and weights, the key/value heads repeated for their
-    query heads (head ``h`` reads key/value head ``h // (H / H_kv)``)."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = (np.repeat(t, groups, axis=1) for t in (k, v))
-    return ref.scaled_dot_product_attention(q, k, v, **kw)
+CASES = attention_cases(RNG, B, H, TQ, TK, [7, 3, 0, 5])
+# drawn after the masks, as before the cases were shared
+CASES["bias per row"] = {"bias": RNG.standard_normal((B, 1, TQ, TK))}
+CASES["bias broadcast"] = {"bias": RNG.standard_normal((H, TQ, TK))}
+_oracle = grouped_oracle
 
 
 def _call(q, k, v, kw):

@@ -10,9 +10,11 @@ from _support import (
     BACKEND,
     TOL,
     assert_close,
+    attention_cases,
     cast,
     compiler,
     gradients,
+    grouped_oracle,
     numeric_grad,
     to_np,
 )
@@ -30,13 +32,7 @@ MAPS = keras_namespace().maps_batch
 STREAMS = keras_namespace().fused_attention_streams
 B, H, TQ, TK, D = 4, 4, 9, 7, 8
 
-CASES = {
-    "plain": {},
-    "mask per row": {"mask": RNG.random((B, H, TQ, TK)) < 0.7},
-    "mask broadcast": {"mask": RNG.random((1, 1, TQ, TK)) < 0.7},
-    "mask with empty rows": {"mask": np.arange(TQ)[:, None] > np.zeros((B, 1, 1, TK))},
-    "lengths and causal": {"valid_lens": np.array([7, 3, 0, 5]), "causal": True},
-}
+CASES = attention_cases(RNG, B, H, TQ, TK, [7, 3, 0, 5])
 
 
 @pytest.fixture
@@ -59,10 +55,7 @@ def _inputs(kv_heads: int = H) -> list[np.ndarray]:
 
 
 def _oracle(q, k, v, kw):
-    """The float64 oracle's output, the key/value heads repeated for their query heads."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = (np.repeat(t, groups, axis=1) for t in (k, v))
-    return ref.scaled_dot_product_attention(q, k, v, **kw)[0]
+    return grouped_oracle(q, k, v, kw)[0]
 
 
 def _call(q, k, v, kw):
