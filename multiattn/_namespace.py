@@ -730,10 +730,11 @@ class _TensorFlowNamespace(KerasNamespace):
         return _xla_cache_write(self._ops, cache, new, index)
 
     def linear(self, x: Any, kernel: Any, bias: Any = None, contract: int = 1) -> Any:
-        """`KerasNamespace.linear`, except for a single row over several axes (``x``'s
-        leading sizes all 1, ``contract > 1``: the output projection of attention in a
-        decoding step at batch 1): there the last axis is contracted with the others as
-        batch axes, then those are summed.
+        """`KerasNamespace.linear` as one matrix product and a ``BiasAdd``
+        (`_matrix_product`), except for a single row over several axes (``x``'s leading
+        sizes all 1, ``contract > 1``: the output projection of attention in a decoding
+        step at batch 1): there the last axis is contracted with the others as batch
+        axes, then those are summed.
 
         XLA in TensorFlow fuses the reshape of the kernel into a matrix-vector product and
         then emits the product as a plain loop: 94 against 2.7 microseconds for
@@ -741,12 +742,31 @@ class _TensorFlowNamespace(KerasNamespace):
         step (hidden 256, 4 layers) at batch 1."""
         lead = shape_of(x)[: len(x.shape) - contract]
         if contract == 1 or any(n != 1 for n in lead):
-            return super().linear(x, kernel, bias, contract)
+            return self._matrix_product(x, kernel, bias, contract)
         a, k = "ABCDEFGH"[: len(lead)], "abcdefgh"[:contract]
         n = "abcdefgh"[contract : len(kernel.shape)]
         parts = self.einsum(f"{a}{k},{k}{n}->{a}{k[:-1]}{n}", x, kernel)
         y = self._ops.sum(parts, axis=tuple(range(len(lead), len(lead) + contract - 1)))
         return y if bias is None else y + bias
+
+    @staticmethod
+    def _matrix_product(x: Any, kernel: Any, bias: Any, contract: int) -> Any:
+        """`linear` as one ``(N, K) @ (K, M)`` ``MatMul`` and a ``BiasAdd``, which
+        TensorFlow's graph optimizer fuses into one kernel, instead of ``einsum`` and an
+        addition. The four projections of multi-head self-attention under ``tf.function``
+        (batch 8, length 512, width 512, 8 heads, float32): 19.9 against 22.2 ms forward,
+        62.5 against 66.7 ms forward and backward."""
+        import tensorflow as tf
+
+        out_shape = list(kernel.shape[contract:])
+        k, n = math.prod(kernel.shape[:contract]), math.prod(out_shape)
+        y = tf.matmul(tf.reshape(x, (-1, k)), tf.reshape(kernel, (k, n)))
+        if bias is not None:
+            y = tf.nn.bias_add(y, tf.reshape(bias, (n,)))
+        lead = shape_of(x)[: len(x.shape) - contract]
+        if any(s is None for s in lead):
+            return tf.reshape(y, tf.concat([tf.shape(x)[: len(lead)], out_shape], 0))
+        return tf.reshape(y, (*lead, *out_shape))
 
     def custom_gradient(
         self,

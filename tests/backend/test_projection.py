@@ -91,6 +91,26 @@ def test_linear_gradients_against_oracle(dtype, contract, rows, onednn):
         assert_close(g, want, dtype)
 
 
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="leading sizes unknown to a graph")
+@pytest.mark.parametrize("contract", [1, 2])
+def test_linear_with_leading_sizes_unknown_in_a_graph(contract):
+    """TensorFlow's ``linear`` is one ``MatMul`` and a ``BiasAdd`` over the flattened
+    rows; traced with unknown leading sizes, it shapes them back from the input."""
+    import tensorflow as tf
+
+    x, kernel, bias = _case(contract, True)
+    ops = get_ops()
+    spec = tf.TensorSpec((None, None, *x.shape[2:]), "float32")
+
+    @tf.function(input_signature=[spec])
+    def f(t):
+        y = ops.linear(t, cast(kernel, "float32"), cast(bias, "float32"), contract=contract)
+        assert y.shape.as_list() == [None, None, *kernel.shape[contract:]], y.shape
+        return y
+
+    assert_close(f(cast(x, "float32")), _oracle(x, kernel, bias, contract), "float32", LAYER_TOL)
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="the oneDNN path is PyTorch's")
 def test_torch_onednn_path_is_taken_and_switchable(monkeypatch):
     from multiattn import _torch_matmul
