@@ -16,8 +16,8 @@ memory and kernels everywhere:
   `set_torch_onednn`; unset, it is measured on the running machine by `multiattn.tuning`).
 
 The others choose kernels that are otherwise measured (``fused_attention``,
-``fused_projections``, ``attention_chunks``, ``recompute_backward``) and how ``generate`` runs (``torch_traced_step``,
-``compiled_loop``, ``decode_threads``).
+``fused_projections``, ``attention_chunks``, ``attention_backward``) and how ``generate``
+runs (``torch_traced_step``, ``compiled_loop``, ``decode_threads``).
 
 A value is looked up, in order of precedence:
 
@@ -64,6 +64,7 @@ __all__ = [
     "DEFAULT_ATTENTION_MEMORY_BUDGET",
     "ONEDNN_ENV_VAR",
     "attention_memory_budget",
+    "get_attention_backward",
     "get_attention_chunks",
     "get_attention_memory_budget",
     "get_block_size",
@@ -71,7 +72,6 @@ __all__ = [
     "get_decode_threads",
     "get_fused_attention",
     "get_fused_projections",
-    "get_recompute_backward",
     "get_torch_onednn",
     "get_torch_traced_step",
     "owned_caches",
@@ -211,7 +211,7 @@ def settings(
     compiled_loop: bool | None = _UNSET,
     decode_threads: int | None = _UNSET,
     attention_chunks: int | None = _UNSET,
-    recompute_backward: bool | None = _UNSET,
+    attention_backward: str | None = _UNSET,
 ) -> Iterator[None]:
     """Scoped settings: inside the block, the given values apply to every multiattn call
     in this thread or asyncio task (``with settings(attention_memory_budget="64MiB",
@@ -271,18 +271,21 @@ def settings(
             need the whole matrix), and only on a namespace that maps batches (jax's,
             whose slices are rematerialised, so the backward pass runs in slices too);
             elsewhere one piece.
-        recompute_backward: True gives the explicit attention path (without weights,
-            dropout or bias) a backward pass of its own, which recomputes the weights
-            from the log of each row's softmax denominator saved by the forward pass
-            (`multiattn.ops.explicit_grad`), False leaves it to the framework's automatic
-            differentiation; None (the default) measures which is faster forward and
-            backward on the running machine for compiled calls (``jax.jit``,
-            ``tf.function``), once per shape class
-            (`multiattn.tuning.recompute_backward_pays`), and differentiates eager calls
+        attention_backward: how the explicit attention path (without weights, dropout
+            or bias) is differentiated. ``"autodiff"``: by the framework's automatic
+            differentiation. ``"recompute"``: by a backward pass of its own
+            (`multiattn.ops.explicit_grad`) that recomputes the weights from the log of
+            each row's softmax denominator saved by the forward pass. ``"saved"``: by
+            that backward pass reading the weights the forward pass saved (no
+            recomputation; the weights are held between the passes, as automatic
+            differentiation holds them). None (the default) measures which is fastest
+            forward and backward on the running machine for compiled calls
+            (``jax.jit``, ``tf.function``), once per shape class
+            (`multiattn.tuning.attention_backward`), and differentiates eager calls
             automatically. The gradients are equal up to rounding. On jax the own
             backward pass is a ``jax.custom_vjp``: reverse mode (``jax.grad``,
             ``jax.vjp``) works, forward mode (``jax.jvp``, ``jax.jacfwd``,
-            ``jax.hessian``) does not, so set False for those.
+            ``jax.hessian``) does not, so set ``"autodiff"`` for those.
 
     Values are read when a function is traced: under ``jax.jit`` and ``tf.function`` the
     values in force at tracing time are compiled in.
@@ -300,7 +303,6 @@ def settings(
         "torch_traced_step": torch_traced_step,
         "fused_projections": fused_projections,
         "compiled_loop": compiled_loop,
-        "recompute_backward": recompute_backward,
     }
     for name, value in flags.items():
         if value is not _UNSET:
@@ -309,6 +311,8 @@ def settings(
         changes["decode_threads"] = _check_positive("decode_threads", decode_threads)
     if attention_chunks is not _UNSET:
         changes["attention_chunks"] = _check_positive("attention_chunks", attention_chunks)
+    if attention_backward is not _UNSET:
+        changes["attention_backward"] = _check_backward(attention_backward)
     token = _scoped.set({**_scoped.get(), **changes})
     try:
         yield
@@ -335,6 +339,22 @@ def _check_positive(name: str, value: Any) -> int | None:
     if value is not None and value < 1:
         raise ValueError(f"settings: `{name}` must be >= 1; received {value!r}.")
     return None if value is None else int(value)
+
+
+def _check_backward(value: Any) -> str | None:
+    from .ops.plan import BACKWARDS
+
+    if value is not None and not isinstance(value, str):
+        raise TypeError(
+            f"settings: `attention_backward` must be one of {BACKWARDS} or None; received "
+            f"{value!r}."
+        )
+    if value is not None and value not in BACKWARDS:
+        raise ValueError(
+            f"settings: `attention_backward` must be one of {BACKWARDS} or None; received "
+            f"{value!r}."
+        )
+    return value
 
 
 def _check_flag(where: str, name: str, value: Any) -> bool | None:
@@ -395,11 +415,11 @@ def get_attention_chunks() -> int | None:
     return _scoped.get().get("attention_chunks")
 
 
-def get_recompute_backward() -> bool | None:
-    """The innermost `settings` value of ``recompute_backward``: True (the explicit
-    attention path's own backward pass), False (automatic differentiation) or None
-    (measured in compiled calls, automatic in eager ones)."""
-    return _scoped.get().get("recompute_backward")
+def get_attention_backward() -> str | None:
+    """The innermost `settings` value of ``attention_backward``: ``"autodiff"``,
+    ``"recompute"``, ``"saved"`` (how the explicit attention path is differentiated) or
+    None (measured in compiled calls, automatic differentiation in eager ones)."""
+    return _scoped.get().get("attention_backward")
 
 
 def get_fused_projections() -> bool | None:

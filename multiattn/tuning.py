@@ -44,11 +44,12 @@ Choices made this way:
   over under ``jax.jit`` (`attention_chunks`: 1, 2, 4, 8 or 16, timed at the call's full
   size; the namespaces that map batches, jax's); ``settings(attention_chunks=n)``
   forces one; eager calls and small score matrices run in one piece.
-* ``recompute-backward``: whether the explicit attention path is differentiated by its
-  own backward pass (`multiattn.ops.explicit_grad`) or automatically
-  (`recompute_backward_pays`, forward and backward at the call's full size, in compiled
-  calls on jax and TensorFlow); ``settings(recompute_backward=True/False)`` forces one;
-  eager calls and small score matrices are differentiated automatically.
+* ``attention-backward``: whether the explicit attention path is differentiated
+  automatically or by its own backward pass (`multiattn.ops.explicit_grad`), which
+  recomputes the weights or reads those the forward pass saved (`attention_backward`,
+  forward and backward at the call's full size, in compiled calls on jax and
+  TensorFlow); ``settings(attention_backward="autodiff" | "recompute" | "saved")``
+  forces one; eager calls and small score matrices are differentiated automatically.
 * ``fused-qkv``: the query, key and value projections of self-attention as three
   products or as one over the three kernels joined (`fused_projections_pay`);
   ``settings(fused_projections=True/False)`` forces one; where nothing can be timed, three
@@ -101,7 +102,6 @@ __all__ = [
     "fused_attention_pays",
     "fused_projections_pay",
     "parse_cpuinfo",
-    "recompute_backward_pays",
     "reset",
     "torch_is_tracing",
 ]
@@ -575,7 +575,7 @@ CHUNK_MIN_BYTES = 1 << 20
 
 def _at_full_size(sizes: tuple, cls: dict, measurable: bool, why: str) -> tuple[bool, str]:
     """What the choices timed at the call's full size (`attention_chunks`,
-    `recompute_backward_pays`) add to `_attention_class`: the class also holds ``B``,
+    `attention_backward`) add to `_attention_class`: the class also holds ``B``,
     ``H`` and ``H_kv`` (``cls`` is updated), and nothing is timed where one of them is
     unknown at trace time or the score matrix is under `CHUNK_MIN_BYTES`. Returns
     ``(measurable, why)``."""
@@ -674,45 +674,51 @@ def attention_chunks(
     return int(_decide_eagerly("attention-chunks", cls, candidates, "1", measurable, why, prefer))
 
 
-def recompute_backward_pays(
+def attention_backward(
     ops: Any,
     query: Any,
     key: Any,
     value: Any,
     explicit: Callable[..., Any],
-    recomputed: Callable[..., Any],
+    own: Callable[..., Any],
     chunks: int = 1,
     kv_heads_first: bool = False,
-) -> bool:
-    """True when the explicit attention path's own backward pass
-    (`multiattn.ops.explicit_grad`: the weights recomputed from the log of each row's
-    softmax denominator) is faster forward and backward than automatic differentiation
-    on the running machine, for attention of this shape class.
+) -> str:
+    """How the explicit attention path is differentiated fastest, forward and backward,
+    on the running machine, for attention of this shape class: ``"autodiff"`` (the
+    framework's automatic differentiation), ``"recompute"`` (the path's own backward
+    pass, `multiattn.ops.explicit_grad`, with the weights recomputed from the log of
+    each row's softmax denominator) or ``"saved"`` (the same backward pass on the
+    weights the forward pass saved).
 
-    Why it depends on the machine and the framework: the own backward pass recomputes the
-    scores once and runs four products over them; automatic differentiation keeps the
+    Why it depends on the machine and the framework: automatic differentiation keeps the
     weights (or, over jax's slices of the batch, recomputes the slice's whole forward
-    pass) and runs the softmax's backward pass. Which costs less is a matter of memory
-    traffic and of what the compiler fuses. Multi-head self-attention on jax under
-    ``jax.jit`` (batch 8, length 512, width 512, 8 heads, float32): 168 against 187 ms
-    forward and backward with the own backward pass in 8 slices, 175 against 179 in 4;
-    on TensorFlow under ``tf.function`` it lost, 121 against 115 ms. The loss timed is
-    the sum of the outputs' squares (`_and_backward`): with a constant output gradient
-    XLA simplifies automatic differentiation's backward pass as no real loss lets it.
+    pass) and runs the softmax's backward pass, a product and a sum over the score
+    matrix; the own backward pass sums over the outputs instead (``rowsum(dO * O)``),
+    and recomputing the weights trades a product and an exponential for the memory that
+    holds them. Which costs less is a matter of memory traffic and of what the compiler
+    fuses. Multi-head self-attention (batch 8, length 512, width 512, 8 heads, float32)
+    forward and backward: on jax under ``jax.jit``, 168 ms recomputing against 187 with
+    automatic differentiation in 8 slices, 175 against 179 in 4; on TensorFlow under
+    ``tf.function`` recomputing lost (121 against 115 ms) and the saved weights won
+    (attention alone, ``(8, 512, 8, 64)``: 48.8 against 56.4 ms). The loss timed is the
+    sum of the outputs' squares (`_and_backward`): with a constant output gradient XLA
+    simplifies automatic differentiation's backward pass as no real loss lets it.
 
     ``query`` ``(B, Tq, H, D)``, ``key`` ``(B, Tk, Hkv, D)`` and ``value`` ``(B, Tk,
     Hkv, Dv)`` (heads first with ``kv_heads_first``) as `multiattn.ops.attention.attend`
     passes them; ``explicit(ops, q, k, v, scale, kv_heads_first)`` runs the explicit
     path without a mask (differentiated automatically, over ``chunks`` slices of the
-    batch through `Namespace.map_batch` where ``chunks`` is above 1), and
-    ``recomputed(ops, q, k, v, scale, chunks, kv_heads_first)`` the same with its own
-    backward pass. Both are timed forward and backward (the gradients of the sum of the
-    output with respect to the three inputs) on random inputs of the call's full size,
-    compiled as the caller is. The class is `attention_chunks`' with the slices. Not
-    timed (automatic differentiation): eager calls (they are not compiled: the caller
-    asks only when tracing), backends other than jax and TensorFlow, keys and values
-    heads first (a KV cache: decoding, which nothing differentiates), score matrices
-    under `CHUNK_MIN_BYTES` and sizes unknown at trace time.
+    batch through `Namespace.map_batch` where ``chunks`` is above 1), and ``own(ops, q,
+    k, v, scale, chunks, kv_heads_first, backward)`` the same with its own backward pass
+    (``backward`` ``"recompute"`` or ``"saved"``). All are timed forward and backward
+    on random inputs of the call's full size, compiled as the caller is; automatic
+    differentiation keeps the class unless another is more than `MARGIN` faster. The
+    class is `attention_chunks`' with the slices. Not timed (automatic
+    differentiation): eager calls (they are not compiled: the caller asks only when
+    tracing), backends other than jax and TensorFlow, keys and values heads first (a KV
+    cache: decoding, which nothing differentiates), score matrices under
+    `CHUNK_MIN_BYTES` and sizes unknown at trace time.
     """
     sizes, cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
     if measurable and ops.backend not in ("jax", "tensorflow"):
@@ -726,9 +732,14 @@ def recompute_backward_pays(
 
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
         scale = 1.0 / math.sqrt(sizes[5])
+
+        def own_way(backward: str) -> Callable[..., Any]:
+            return lambda q, k, v: own(ops, q, k, v, scale, chunks, kv_heads_first, backward)
+
         fns = {
             "autodiff": _in_slices(ops, explicit, sizes, chunks, kv_heads_first),
-            "recompute": lambda q, k, v: recomputed(ops, q, k, v, scale, chunks, kv_heads_first),
+            "recompute": own_way("recompute"),
+            "saved": own_way("saved"),
         }
         with _eager(ops.backend):
             tensors, timed = _full_size_inputs(ops, sizes, cls["dtype"], query, kv_heads_first)
@@ -739,8 +750,7 @@ def recompute_backward_pays(
         sliced = f" in {chunks} slices" if chunks > 1 else ""
         return runs, f"{timed}{sliced}, forward and backward"
 
-    choice = _decide_eagerly("recompute-backward", cls, candidates, "autodiff", measurable, why)
-    return choice == "recompute"
+    return _decide_eagerly("attention-backward", cls, candidates, "autodiff", measurable, why)
 
 
 def fused_projections_pay(

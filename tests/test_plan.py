@@ -204,6 +204,15 @@ def test_a_streaming_kernel_needs_no_blocks_whatever_the_budget():
     assert plan(capabilities=STREAMS, memory_budget=1024).path == "fused"
 
 
+def test_a_streaming_kernel_refused_by_the_caller_is_not_taken():
+    """``settings(fused_attention=False)``: the explicit path within the budget, the
+    blockwise path beyond it."""
+    assert plan(capabilities=STREAMS, fused_faster=False).path == "explicit"
+    assert plan(capabilities=STREAMS, fused_faster=False, memory_budget=1024).path == "blockwise"
+    causal = plan(capabilities=STREAMS, fused_faster=False, causal=True)
+    assert (causal.path, causal.causal) == ("explicit", "mask")
+
+
 def test_a_forced_block_size_wins_over_streaming_and_is_clipped():
     p = plan(capabilities=STREAMS, block_size=(4, 100))
     assert (p.path, p.blocks) == ("blockwise", (4, 16))
@@ -276,11 +285,13 @@ def test_a_spec_refuses_malformed_facts(kw):
         {"path": "explicit", "chunks": 2, "dropout": True},
         {"path": "fused", "chunks": 2, "screen": "query"},
         {"path": "blockwise", "blocks": (4, 4), "empty_rows": "online", "chunks": 2},
-        {"path": "fused", "recompute_backward": True, "screen": "query"},
-        {"path": "blockwise", "blocks": (4, 4), "empty_rows": "online", "recompute_backward": True},
-        {"path": "explicit", "recompute_backward": True, "weights": True},
-        {"path": "explicit", "recompute_backward": True, "dropout": True},
-        {"path": "explicit", "recompute_backward": True, "bias": True},
+        {"path": "fused", "backward": "recompute", "screen": "query"},
+        {"path": "blockwise", "blocks": (4, 4), "empty_rows": "online", "backward": "saved"},
+        {"path": "explicit", "backward": "recompute", "weights": True},
+        {"path": "explicit", "backward": "saved", "dropout": True},
+        {"path": "explicit", "backward": "recompute", "bias": True},
+        {"path": "explicit", "backward": "manual"},
+        {"path": "explicit", "backward": True},
     ],
 )
 def test_a_plan_no_path_implements_cannot_be_built(kw):
@@ -337,28 +348,35 @@ def test_chunk_timing_is_wanted_only_for_compiled_explicit_calls_with_a_batch():
 # --- the explicit path's own backward pass ------------------------------------------------
 
 
-def test_the_own_backward_pass_is_taken_where_decided_on_the_explicit_path():
-    assert plan(capabilities=NO_FUSED, recompute_backward=True).recompute_backward
-    assert plan(capabilities=MAPS, batch=8, chunks=4, recompute_backward=True).chunks == 4
+@pytest.mark.parametrize("backward", ["recompute", "saved"])
+def test_the_own_backward_pass_is_taken_where_decided_on_the_explicit_path(backward):
+    assert plan(capabilities=NO_FUSED, backward=backward).backward == backward
+    assert plan(capabilities=MAPS, batch=8, chunks=4, backward=backward).chunks == 4
     for kw in (
-        {"recompute_backward": None},  # not decided: automatic
-        {"recompute_backward": False},
-        {"recompute_backward": True, "weights": True},
-        {"recompute_backward": True, "dropout": True},
-        {"recompute_backward": True, "bias": True},
-        {"recompute_backward": True, "block_size": (4, 4)},  # blockwise: its own backward
-        {"recompute_backward": True, "capabilities": FUSED, "fused_faster": True},
+        {"backward": None},  # not decided: automatic
+        {"backward": "autodiff"},
+        {"backward": backward, "weights": True},
+        {"backward": backward, "dropout": True},
+        {"backward": backward, "bias": True},
+        {"backward": backward, "block_size": (4, 4)},  # blockwise: its own backward
+        {"backward": backward, "capabilities": FUSED, "fused_faster": True},
     ):
         p = plan(**{"capabilities": NO_FUSED, **kw})
-        assert not p.recompute_backward, (kw, p)
+        assert p.backward == "autodiff", (kw, p)
+
+
+@pytest.mark.parametrize("backward", ["manual", True, ""])
+def test_a_spec_refuses_an_unknown_backward(backward):
+    with pytest.raises(ValueError, match="backward"):
+        spec(backward=backward)
 
 
 def test_backward_timing_is_wanted_only_for_compiled_explicit_calls_without_bias():
     assert wants_backward_timing(spec(capabilities=NO_FUSED, traced=True))
     for kw in (
         {"traced": False},  # eager: differentiated automatically
-        {"recompute_backward": True},  # decided: nothing to measure
-        {"recompute_backward": False},
+        {"backward": "recompute"},  # decided: nothing to measure
+        {"backward": "autodiff"},
         {"weights": True},
         {"dropout": True},
         {"bias": True},
@@ -446,7 +464,7 @@ def specs(draw) -> AttentionSpec:
         fused_faster=draw(st.none() | st.booleans()),
         chunks=draw(st.none() | st.integers(1, 20)),
         bias=draw(st.booleans()),
-        recompute_backward=draw(st.none() | st.booleans()),
+        backward=draw(st.none() | st.sampled_from(["autodiff", "recompute", "saved"])),
     )
 
 
@@ -481,11 +499,11 @@ def test_plan_invariants(s):
         assert s.batch % p.chunks == 0 and p.chunks <= s.chunks
     else:
         assert p.chunks == 1
-    if p.recompute_backward:
-        assert p.path == "explicit" and s.recompute_backward
+    if p.backward != "autodiff":
+        assert p.path == "explicit" and s.backward == p.backward
         assert not (s.weights or s.dropout or s.bias)
     if wants_backward_timing(s):
-        assert p.path == "explicit" and s.traced and s.recompute_backward is None
+        assert p.path == "explicit" and s.traced and s.backward is None
 
 
 @settings(max_examples=400, deadline=None)

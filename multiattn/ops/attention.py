@@ -180,14 +180,14 @@ def attend(
         chunks = tuning.attention_chunks(ops, query, key, value, _explicit_unmasked, kv_heads_first)
     if chunks is not None:
         spec = dataclasses.replace(spec, chunks=chunks)
-    recompute = config.get_recompute_backward()
-    if recompute is None and plan.wants_backward_timing(spec):
-        recompute = tuning.recompute_backward_pays(
-            ops, query, key, value, _explicit_unmasked, _recomputed_unmasked,
+    backward = config.get_attention_backward()
+    if backward is None and plan.wants_backward_timing(spec):
+        backward = tuning.attention_backward(
+            ops, query, key, value, _explicit_unmasked, _own_backward_unmasked,
             plan.plan_attention(spec).chunks, kv_heads_first,
         )  # fmt: skip
-    if recompute is not None:
-        spec = dataclasses.replace(spec, recompute_backward=recompute)
+    if backward is not None:
+        spec = dataclasses.replace(spec, backward=backward)
     how = plan.plan_attention(spec)
     sizes = tuple(
         s if s is not None else ops.shape(t)[axis]
@@ -409,31 +409,35 @@ class _Dropout(NamedTuple):
     seed: Any
 
 
-def _recomputed(
+def _own_backward(
     ops: Any, query: Any, key: Any, value: Any, keep: Any, scale: float, chunks: int,
-    kv_heads_first: bool,
+    kv_heads_first: bool, backward: str,
 ) -> Any:  # fmt: skip
     """The explicit path without weights, dropout or bias, differentiated by its own
-    backward pass (`multiattn.ops.explicit_grad`) over ``chunks`` slices of the batch."""
+    backward pass (`multiattn.ops.explicit_grad`) over ``chunks`` slices of the batch:
+    the weights recomputed from each row's log-sum-exp (``backward="recompute"``) or
+    saved by the forward pass (``"saved"``)."""
+    saves = backward == "saved"
 
     def forward(q: Any, k: Any, v: Any, keep: Any) -> tuple[Any, Any]:
         lse: list = []
-        out = _explicit_attention(
-            ops, q, k, v, keep, scale, 0.0, False, None, False, None, None, kv_heads_first, lse
-        )[0]
-        return out, lse[0]
+        out, weights = _explicit_attention(
+            ops, q, k, v, keep, scale, 0.0, False, None, saves, None, None, kv_heads_first,
+            None if saves else lse,
+        )  # fmt: skip
+        return out, weights if saves else lse[0]
 
     return explicit_grad.attention(
-        ops, query, key, value, keep, scale, forward, chunks, kv_heads_first
+        ops, query, key, value, keep, scale, forward, chunks, kv_heads_first, saves
     )
 
 
-def _recomputed_unmasked(
-    ops: Any, query: Any, key: Any, value: Any, scale: float, chunks: int, kv_heads_first: bool
-) -> Any:
-    """`_recomputed` without a mask (a candidate of
-    `multiattn.tuning.recompute_backward_pays`)."""
-    return _recomputed(ops, query, key, value, None, scale, chunks, kv_heads_first)
+def _own_backward_unmasked(
+    ops: Any, query: Any, key: Any, value: Any, scale: float, chunks: int,
+    kv_heads_first: bool, backward: str,
+) -> Any:  # fmt: skip
+    """`_own_backward` without a mask (a candidate of `multiattn.tuning.attention_backward`)."""
+    return _own_backward(ops, query, key, value, None, scale, chunks, kv_heads_first, backward)
 
 
 def _direct_attention(
@@ -459,8 +463,11 @@ def _direct_attention(
     ``scores`` when it is a list."""
     if how.path == "fused":
         return _fused_attention(ops, query, key, value, keep, how, scale), None
-    if how.recompute_backward and scores is None:
-        return _recomputed(ops, query, key, value, keep, scale, how.chunks, kv_heads_first), None
+    if how.backward != "autodiff" and scores is None:
+        out = _own_backward(
+            ops, query, key, value, keep, scale, how.chunks, kv_heads_first, how.backward
+        )
+        return out, None
     if how.chunks > 1 and scores is None:
 
         def piece(q: Any, k: Any, v: Any, keep: Any, bias: Any) -> Any:

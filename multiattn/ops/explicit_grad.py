@@ -20,12 +20,20 @@ stacked against their key/value head, as in the forward pass, so ``dK`` and ``dV
 over the group in the products. Where the plan slices the batch (``chunks``), both
 passes run over the same slices (`Namespace.map_batch`).
 
-The layer `multiattn.layers.MultiHeadAttention` in self-attention on jax under
-``jax.jit`` (batch 8, length 512, width 512, 8 heads, float32): 168 against 187 ms
-forward and backward in 8 slices, 175 against 179 in 4, the forward pass unchanged (the
-same softmax; ``lse`` is dropped where nothing differentiates the call). On TensorFlow
-automatic differentiation was faster (115 against 121 ms). Whether it pays is measured
-per shape class (`multiattn.tuning.recompute_backward_pays`).
+With ``keeps_weights`` the forward pass saves the weights themselves, ``(B, H, Tq,
+Tk)``, and the backward pass reads them instead of recomputing them: no score product
+and no exponential, for the memory that holds the weights between the passes (as
+automatic differentiation holds them). What it still saves over automatic
+differentiation is the softmax's backward pass over the score matrix: ``delta`` is a
+sum over the outputs' width instead of a product and a sum over the keys.
+
+The layer `multiattn.layers.MultiHeadAttention` in self-attention (batch 8, length 512,
+width 512, 8 heads, float32) forward and backward: on jax under ``jax.jit``, 168 against
+187 ms recomputing the weights in 8 slices, 175 against 179 in 4, the forward pass
+unchanged (the same softmax; ``lse`` is dropped where nothing differentiates the call);
+on TensorFlow under ``tf.function``, 107 ms with the saved weights, 115 with automatic
+differentiation and 123 recomputing. Which pays is measured per shape class
+(`multiattn.tuning.attention_backward`).
 """
 
 from __future__ import annotations
@@ -49,29 +57,35 @@ def attention(
     forward: Callable[..., tuple[Any, Any]],
     chunks: int = 1,
     kv_heads_first: bool = False,
+    keeps_weights: bool = False,
 ) -> Any:
     """The explicit path's output ``(B, Tq, H, Dv)`` on ``query`` ``(B, Tq, H, D)``,
     ``key`` ``(B, Tk, Hkv, D)`` and ``value`` ``(B, Tk, Hkv, Dv)`` (heads first, ``(B,
     Hkv, Tk, D)``, with ``kv_heads_first``) under ``keep`` (bool, rank 4 or None; no
     gradient), differentiated with this module's backward pass. ``forward(q, k, v,
-    keep)`` is the explicit path returning ``(output, lse)``; both passes run over
-    ``chunks`` slices of the batch where it is above 1. Differentiable once."""
+    keep)`` is the explicit path returning ``(output, lse)``, or with ``keeps_weights``
+    ``(output, weights)``: the backward pass then reads the saved weights ``(B, H, Tq,
+    Tk)`` instead of recomputing them (no score product, no exponential, the memory of
+    the weights held between the passes). Both passes run over ``chunks`` slices of the
+    batch where it is above 1. Differentiable once."""
 
     def sliced(fn: Callable[..., Any], args: tuple) -> Any:
         return fn(*args) if chunks == 1 else ops.map_batch(fn, args, chunks)
 
     def run(q: Any, k: Any, v: Any) -> tuple[Any, tuple]:
-        out, lse = sliced(forward, (q, k, v, keep))
-        return out, (q, k, v, out, lse)
+        out, kept = sliced(forward, (q, k, v, keep))
+        return out, (q, k, v, out, kept)
 
     def backward(saved: tuple, d_out: Any) -> tuple:
-        q, k, v, out, lse = saved
+        q, k, v, out, kept = saved
         d_out = ops.cast(d_out, ops.dtype_name(out))
 
-        def grads(q, k, v, keep, out, lse, d_out):
-            return _grads(ops, q, k, v, keep, out, lse, d_out, scale, kv_heads_first)
+        def grads(q, k, v, keep, out, kept, d_out):
+            return _grads(
+                ops, (q, k, v), keep, out, kept, d_out, scale, kv_heads_first, keeps_weights
+            )
 
-        return tuple(sliced(grads, (q, k, v, keep, out, lse, d_out)))
+        return tuple(sliced(grads, (q, k, v, keep, out, kept, d_out)))
 
     return ops.custom_gradient(run, backward, (query, key, value))
 
@@ -80,8 +94,10 @@ def _heads_first(ops: Any, x: Any) -> Any:
     return ops.transpose(x, (0, 2, 1, 3))
 
 
-def _grads(ops, q, k, v, keep, out, lse, d_out, scale, kv_heads_first) -> tuple:
-    """``(dQ, dK, dV)`` of one slice, in the layouts of ``q``, ``k`` and ``v``."""
+def _grads(ops, qkv, keep, out, kept, d_out, scale, kv_heads_first, keeps_weights) -> tuple:
+    """``(dQ, dK, dV)`` of one slice, in the layouts of the inputs ``qkv``; ``kept`` is
+    the slice's ``lse``, or its weights with ``keeps_weights``."""
+    q, k, v = qkv
     qh = _heads_first(ops, q * scale)  # (B, H, Tq, D)
     kh, vh = (k, v) if kv_heads_first else (_heads_first(ops, k), _heads_first(ops, v))
     b, heads, tq = shape_of(qh)[:3]
@@ -99,10 +115,7 @@ def _grads(ops, q, k, v, keep, out, lse, d_out, scale, kv_heads_first) -> tuple:
     if keep is not None:
         # rows with nothing to keep: the forward pass zeroed their outputs
         d_oh = ops.where(ops.any(keep, axis=-1, keepdims=True), d_oh, 0.0)
-    scores = per_head(ops.einsum("bhqd,bhkd->bhqk", grouped(qh), kh))
-    if keep is not None:  # as the forward pass: masked weights exactly 0
-        scores = ops.where(keep, scores, MASKED_SCORE)
-    weights = ops.exp(scores - lse)
+    weights = kept if keeps_weights else _recompute(ops, qh, kh, keep, kept, grouped, per_head)
     delta = ops.sum(d_oh * _heads_first(ops, out), axis=-1, keepdims=True)
     d_weights = per_head(ops.einsum("bhqe,bhke->bhqk", grouped(d_oh), vh))
     d_scores = grouped(weights * (d_weights - delta))
@@ -112,3 +125,11 @@ def _grads(ops, q, k, v, keep, out, lse, d_out, scale, kv_heads_first) -> tuple:
     if not kv_heads_first:
         d_key, d_value = _heads_first(ops, d_key), _heads_first(ops, d_value)
     return _heads_first(ops, d_query), d_key, d_value
+
+
+def _recompute(ops, qh, kh, keep, lse, grouped, per_head) -> Any:
+    """The weights ``exp(S - lse)`` from the scaled queries and the keys, heads first."""
+    scores = per_head(ops.einsum("bhqd,bhkd->bhqk", grouped(qh), kh))
+    if keep is not None:  # as the forward pass: masked weights exactly 0
+        scores = ops.where(keep, scores, MASKED_SCORE)
+    return ops.exp(scores - lse)

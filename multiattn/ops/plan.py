@@ -13,10 +13,9 @@ The facts that need tensors are measured by the caller only when the plan depend
 them, and passed in: whether the fused kernel is faster than the explicit path on this
 machine (`multiattn.tuning.fused_attention_pays`, when `wants_timing`; ``fused_faster``),
 how many slices of the batch the explicit path runs fastest in
-(`multiattn.tuning.attention_chunks`, when `wants_chunk_timing`; ``chunks``) and whether
-its own backward pass beats automatic differentiation
-(`multiattn.tuning.recompute_backward_pays`, when `wants_backward_timing`;
-``recompute_backward``).
+(`multiattn.tuning.attention_chunks`, when `wants_chunk_timing`; ``chunks``) and how it
+is differentiated fastest (`multiattn.tuning.attention_backward`, when
+`wants_backward_timing`; ``backward``).
 """
 
 from __future__ import annotations
@@ -28,8 +27,10 @@ from .._checks import HALF_DTYPES
 from .blockwise import plan_blocks
 
 __all__ = [
+    "BACKWARDS",
     "AttentionPlan",
     "AttentionSpec",
+    "Backward",
     "Capabilities",
     "plan_attention",
     "wants_backward_timing",
@@ -52,6 +53,11 @@ EmptyRows = Literal["none", "kernel_then_zero", "zero_weights", "zero_outputs", 
 #: Which inputs are screened for NaN and infinities before they meet a mask or a kernel.
 Screen = Literal["none", "query", "all"]
 Lengths = Literal["none", "per_sequence", "per_query"]
+#: How the explicit path is differentiated: by the framework's automatic
+#: differentiation, or by its own backward pass (`multiattn.ops.explicit_grad`) with the
+#: weights recomputed from each row's log-sum-exp or saved by the forward pass.
+Backward = Literal["autodiff", "recompute", "saved"]
+BACKWARDS = ("autodiff", "recompute", "saved")
 
 _PATHS = ("fused", "explicit", "blockwise")
 
@@ -112,10 +118,9 @@ class AttentionSpec:
     ``fused_attention_pays`` then applies). ``chunks``: at most this many slices of the
     batch for the explicit path to run over in turn (``settings(attention_chunks=...)``,
     or measured by `multiattn.tuning.attention_chunks`); None: one piece.
-    ``recompute_backward``: whether the explicit path's own backward pass
-    (`multiattn.ops.explicit_grad`) beat automatic differentiation here
-    (``settings(recompute_backward=...)``, or measured by
-    `multiattn.tuning.recompute_backward_pays`); None: not decided (automatic).
+    ``backward``: how the explicit path is differentiated, one of `BACKWARDS`
+    (``settings(attention_backward=...)``, or measured by
+    `multiattn.tuning.attention_backward`); None: not decided (automatic).
 
     A key/value head count that does not divide the query heads is refused here
     (``ValueError``), so no spec describes one.
@@ -141,10 +146,12 @@ class AttentionSpec:
     block_size: tuple[int, int] | None = None
     fused_faster: bool | None = None
     chunks: int | None = None
-    recompute_backward: bool | None = None
+    backward: Backward | None = None
 
     def __post_init__(self) -> None:
         _check_size("chunks", self.chunks)
+        if self.backward is not None:
+            _check_choice("backward", self.backward, BACKWARDS)
         for name in ("batch", "heads", "kv_heads", "queries", "keys", "key_width", "value_width"):
             _check_size(name, getattr(self, name))
         _check_choice("lengths", self.lengths, ("none", "per_sequence", "per_query"))
@@ -189,8 +196,8 @@ class AttentionPlan:
     path or with lengths, per-block masks off the blockwise path, weights or dropout off
     the explicit path, an empty-row mode of another path, slices of the batch
     (``chunks > 1``) off the explicit path or with weights or dropout, the explicit
-    path's own backward pass (``recompute_backward``) elsewhere or with weights,
-    dropout or a bias.
+    path's own backward pass (``backward`` other than ``"autodiff"``) elsewhere or
+    with weights, dropout or a bias.
     """
 
     path: Path
@@ -203,7 +210,7 @@ class AttentionPlan:
     weights: bool = False
     dropout: bool = False
     chunks: int = 1
-    recompute_backward: bool = False
+    backward: Backward = "autodiff"
     bias: bool = False
 
     def __post_init__(self) -> None:
@@ -247,8 +254,9 @@ def _plan_problems(plan: AttentionPlan) -> list[str]:
             plan.chunks != 1 and (plan.path != "explicit" or plan.weights or plan.dropout),
             "slices of the batch go with the explicit path without weights or dropout",
         ),
+        (plan.backward not in BACKWARDS, f"backward is one of {BACKWARDS}"),
         (
-            plan.recompute_backward
+            plan.backward != "autodiff"
             and (plan.path != "explicit" or plan.weights or plan.dropout or plan.bias),
             "the own backward pass goes with the explicit path without weights, dropout or bias",
         ),
@@ -280,8 +288,12 @@ def _streams(spec: AttentionSpec) -> bool:
     """The fused kernel runs in memory linear in the lengths: the kernel streams, there is
     no caller mask, lengths (if any) are one per sequence (a mask broadcast over the
     queries) and a causal mask is square without lengths (the kernel's own flag). No
-    blocks are needed then, whatever the budget; a forced block size still takes them."""
+    blocks are needed then, whatever the budget; a forced block size still takes them, and
+    so does a fused kernel refused by the caller (``fused_faster`` False, which only
+    ``settings(fused_attention=False)`` gives a streaming kernel: it is not timed)."""
     if spec.block_size is not None or spec.needs_matrix or spec.mask:
+        return False
+    if spec.fused_faster is False:
         return False
     if not spec.capabilities.fused_attention_streams or not _eligible(spec):
         return False
@@ -328,12 +340,12 @@ def wants_chunk_timing(spec: AttentionSpec) -> bool:
 
 
 def wants_backward_timing(spec: AttentionSpec) -> bool:
-    """Whether the explicit path's own backward pass is to be measured against automatic
-    differentiation (`multiattn.tuning.recompute_backward_pays`): not decided
-    (``recompute_backward`` None), the call is compiled (eager calls are differentiated
-    automatically), and the plan is the explicit path without weights, dropout or bias."""
+    """Whether how the explicit path is differentiated is to be measured
+    (`multiattn.tuning.attention_backward`): not decided (``backward`` None), the call
+    is compiled (eager calls are differentiated automatically), and the plan is the
+    explicit path without weights, dropout or bias."""
     return (
-        spec.recompute_backward is None
+        spec.backward is None
         and spec.traced
         and not spec.needs_matrix
         and not spec.bias
@@ -410,6 +422,14 @@ def _explicit_plan(spec: AttentionSpec) -> AttentionPlan:
         weights=spec.weights,
         dropout=spec.dropout,
         chunks=_chunks(spec),
-        recompute_backward=bool(spec.recompute_backward) and not (spec.needs_matrix or spec.bias),
+        backward=_backward(spec),
         bias=spec.bias,
     )
+
+
+def _backward(spec: AttentionSpec) -> Backward:
+    """The spec's ``backward`` where the explicit path's own backward pass applies (no
+    weights, dropout or bias), else automatic differentiation."""
+    if spec.backward is None or spec.needs_matrix or spec.bias:
+        return "autodiff"
+    return spec.backward

@@ -141,7 +141,7 @@ def test_compiled_calls_measure_the_slices_once_per_class(slices):
 
     def f(q, k, v):
         # the own backward pass set aside: its decision would slice the batch too
-        with config.settings(fused_attention=False, recompute_backward=False):
+        with config.settings(fused_attention=False, attention_backward="autodiff"):
             return ops.scaled_dot_product_attention(q, k, v)
 
     got = jit(f)(q, k, v)

@@ -885,13 +885,12 @@ def test_core_input_errors_on_paddle_tensors():
 # --- gradients through the core -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("own_backward", [False, True], ids=["autodiff", "own_backward"])
+@pytest.mark.parametrize("backward", ["autodiff", "recompute", "saved"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_attention_gradients_match_finite_differences_of_the_oracle(
-    dtype, own_backward, monkeypatch
-):
+def test_attention_gradients_match_finite_differences_of_the_oracle(dtype, backward, monkeypatch):
     """The explicit path differentiated by Paddle, and by its own backward pass
-    (`multiattn.ops.explicit_grad`, ``settings(recompute_backward=True)``)."""
+    (`multiattn.ops.explicit_grad`, ``settings(attention_backward="recompute" |
+    "saved")``)."""
     from multiattn import config
     from multiattn.ops import explicit_grad
 
@@ -905,7 +904,7 @@ def test_attention_gradients_match_finite_differences_of_the_oracle(
     lens = np.array([[2, 0, 5, 5, 1, 3, 5, 4, 2], [1, 4, 3, 0, 5, 5, 2, 1, 1]])
     weights = RNG.standard_normal((2, 9, 3))
     leaves = [tensor(a, dtype, grad=True) for a in (q, k, v)]
-    with config.settings(recompute_backward=own_backward):
+    with config.settings(attention_backward=backward):
         out = ops.scaled_dot_product_attention(*leaves, valid_lens=paddle.to_tensor(lens))
     loss = PNS.sum(out * tensor(weights, dtype))
     got = paddle_grads(loss, leaves)
@@ -921,7 +920,7 @@ def test_attention_gradients_match_finite_differences_of_the_oracle(
         assert np.all(np.isfinite(g))
         assert rel_err(g, w) <= bound
     assert np.all(got[0][0, 1] == 0) and np.all(got[0][1, 3] == 0)  # rows with no key
-    assert taken == ([1] if own_backward else [])
+    assert taken == ([] if backward == "autodiff" else [1])
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

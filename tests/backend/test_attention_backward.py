@@ -1,7 +1,8 @@
-"""The explicit attention path's own backward pass (``settings(recompute_backward=True)``,
-`multiattn.ops.explicit_grad`) against the float64 oracle: values and gradients with
-every kind of mask, grouped heads, slices of the batch and a cache's layout; where it is
-taken and where not; the measured decision in compiled calls."""
+"""The explicit attention path's own backward pass (`multiattn.ops.explicit_grad`, the
+weights recomputed or saved: ``settings(attention_backward="recompute" | "saved")``)
+against the float64 oracle: values and gradients with every kind of mask, grouped heads,
+slices of the batch and a cache's layout; where it is taken and where not; the measured
+decision in compiled calls."""
 
 import keras
 import numpy as np
@@ -28,21 +29,22 @@ from multiattn.ops.masking import softmax_lse, softmax_where
 
 RNG = np.random.default_rng(23)
 MAPS = keras_namespace().maps_batch
-# a streaming fused kernel (PyTorch's) takes unmasked calls whatever `fused_attention` says
-STREAMS = keras_namespace().fused_attention_streams
 B, H, TQ, TK, D = 4, 4, 9, 7, 8
 
 CASES = attention_cases(RNG, B, H, TQ, TK, [7, 3, 0, 5])
+OWN = ("recompute", "saved")
 
 
 @pytest.fixture
 def own_backward(monkeypatch):
-    """How many times the core took the own backward pass during the test."""
-    calls: list[int] = []
+    """Each time the core took the own backward pass during the test: ``"saved"`` where
+    the weights were saved, else ``"recompute"``."""
+    calls: list[str] = []
     original = explicit_grad.attention
 
     def spy(*args, **kwargs):
-        calls.append(1)
+        saves = args[9] if len(args) > 9 else kwargs.get("keeps_weights", False)
+        calls.append("saved" if saves else "recompute")
         return original(*args, **kwargs)
 
     monkeypatch.setattr(explicit_grad, "attention", spy)
@@ -65,38 +67,36 @@ def _call(q, k, v, kw):
     return ops.scaled_dot_product_attention(q, k, v, **tensors)
 
 
-def _explicit(case: str) -> bool:
-    """The call takes the explicit path (the own backward pass is the explicit path's)."""
-    return not (STREAMS and case == "plain")
-
-
-def _settings(recompute=True, chunks=1):
+def _settings(backward="recompute", chunks=1):
     return config.settings(
-        recompute_backward=recompute, attention_chunks=chunks, fused_attention=False
+        attention_backward=backward, attention_chunks=chunks, fused_attention=False
     )
 
 
+@pytest.mark.parametrize("backward", OWN)
 @pytest.mark.parametrize("kv_heads", [H, 2], ids=["heads", "grouped"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_values_are_the_oracle_values(own_backward, case, kv_heads):
+def test_values_are_the_oracle_values(own_backward, case, kv_heads, backward):
     q, k, v = _inputs(kv_heads)
-    with _settings():
+    with _settings(backward):
         got = _call(*(cast(a, "float32") for a in (q, k, v)), CASES[case])
     assert_close(got, _oracle(q, k, v, CASES[case]), "float32", TOL)
-    want = [1] if _explicit(case) else []
-    assert own_backward == want, f"own backward pass taken {len(own_backward)} times ({BACKEND})"
+    # every call takes the explicit path (fused_attention=False), even where the fused
+    # kernel streams (PyTorch's)
+    assert own_backward == [backward], f"own backward pass: {own_backward} ({BACKEND})"
 
 
+@pytest.mark.parametrize("backward", OWN)
 @pytest.mark.parametrize("chunks", [1, 2], ids=["one piece", "two slices"])
 @pytest.mark.parametrize("kv_heads", [H, 2], ids=["heads", "grouped"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_gradients_are_the_oracle_gradients(own_backward, case, kv_heads, chunks):
+def test_gradients_are_the_oracle_gradients(own_backward, case, kv_heads, chunks, backward):
     q, k, v = _inputs(kv_heads)
     kw = CASES[case]
     g = RNG.standard_normal((B, H, TQ, D))
 
     def fn(qt, kt, vt):
-        with _settings(chunks=chunks):
+        with _settings(backward, chunks):
             out = _call(qt, kt, vt, kw)
         return keras.ops.sum(out * cast(g, "float32"))
 
@@ -108,10 +108,11 @@ def test_gradients_are_the_oracle_gradients(own_backward, case, kv_heads, chunks
     for name, got, want in zip("qkv", grads, numeric_grad(oracle, q, k, v)):
         err = np.abs(got - want).max() / np.abs(want).max()
         assert err <= 1e-5, f"d{name}: relative error {err:.2e} ({BACKEND}, {case})"
-    assert bool(own_backward) == _explicit(case), f"own backward pass: {own_backward} ({BACKEND})"
+    assert set(own_backward) == {backward}, f"own backward pass: {own_backward} ({BACKEND})"
 
 
-def test_a_cache_layout_gets_its_gradients_in_place(own_backward):
+@pytest.mark.parametrize("backward", OWN)
+def test_a_cache_layout_gets_its_gradients_in_place(own_backward, backward):
     """Keys and values heads first ``(B, Hkv, Tk, D)`` (a KV cache's layout): the
     gradients come back in that layout."""
     q, k, v = _inputs(2)  # (B, H, T, D): the core wants queries (B, Tq, H, D)
@@ -121,7 +122,7 @@ def test_a_cache_layout_gets_its_gradients_in_place(own_backward):
     ns = get_ops(cast(q, "float32"))
 
     def fn(qt, kt, vt):
-        with _settings():
+        with _settings(backward):
             out = core.attend(ns, qt, kt, vt, keep=keep, scale=D**-0.5, kv_heads_first=True)
         return keras.ops.sum(out * cast(g, "float32"))
 
@@ -136,12 +137,13 @@ def test_a_cache_layout_gets_its_gradients_in_place(own_backward):
         assert got.shape == want.shape, (name, got.shape, want.shape)
         err = np.abs(got - want).max() / np.abs(want).max()
         assert err <= 1e-5, f"d{name}: relative error {err:.2e} ({BACKEND})"
-    assert own_backward
+    assert own_backward == [backward]
 
 
-def test_weights_dropout_and_bias_are_differentiated_automatically(own_backward):
+@pytest.mark.parametrize("backward", OWN)
+def test_weights_dropout_and_bias_are_differentiated_automatically(own_backward, backward):
     q, k, v = (cast(a, "float32") for a in _inputs())
-    with _settings():
+    with _settings(backward):
         _, weights = ops.scaled_dot_product_attention(q, k, v, return_weights=True)
         ops.scaled_dot_product_attention(q, k, v, dropout=0.5, training=True, seed=1)
         ops.scaled_dot_product_attention(
@@ -155,12 +157,12 @@ def test_weights_dropout_and_bias_are_differentiated_automatically(own_backward)
 def test_off_by_setting_and_in_eager_calls_by_default(own_backward):
     q, k, v = (cast(a, "float32") for a in _inputs())
     tuning.reset()
-    with _settings(recompute=False):
+    with _settings("autodiff"):
         ops.scaled_dot_product_attention(q, k, v)
     with config.settings(fused_attention=False):
         ops.scaled_dot_product_attention(q, k, v)  # eager: not measured, automatic
     assert own_backward == []
-    assert not [d for d in tuning.decisions() if d["op"] == "recompute-backward"]
+    assert not _decisions()
 
 
 def test_softmax_lse_gives_the_softmax_and_its_log_denominator():
@@ -183,7 +185,7 @@ def test_softmax_lse_gives_the_softmax_and_its_log_denominator():
 
 
 def _decisions() -> list[dict]:
-    return [d for d in tuning.decisions() if d["op"] == "recompute-backward"]
+    return [d for d in tuning.decisions() if d["op"] == "attention-backward"]
 
 
 def test_compiled_calls_measure_the_choice_once_per_class():
@@ -202,7 +204,7 @@ def test_compiled_calls_measure_the_choice_once_per_class():
     assert_close(got, want, "float32", TOL)
     found = _decisions()
     assert len(found) == 1 and found[0]["how"] == "measured", found
-    assert set(found[0]["median_ms"]) == {"autodiff", "recompute"}
+    assert set(found[0]["median_ms"]) == {"autodiff", "recompute", "saved"}
     # the class holds the slices the call runs in (the batch of 32: 2 slices asked for)
     assert found[0]["shape_class"]["chunks"] == (2 if MAPS else 1), found[0]["shape_class"]
     jit(f)(q, k, v)  # a second trace: the decision is reused, not timed again
@@ -249,8 +251,20 @@ def test_a_cache_layout_is_not_timed():
     tuning.reset()
 
 
-@pytest.mark.parametrize("value", [1, "yes", 0.0])
-def test_the_setting_refuses_other_types(value):
-    with pytest.raises(TypeError, match="recompute_backward"):
-        with config.settings(recompute_backward=value):
+@pytest.mark.parametrize(
+    "value, error",
+    [(True, TypeError), (1, TypeError), (0.0, TypeError), ("yes", ValueError), ("", ValueError)],
+)
+def test_the_setting_refuses_other_values(value, error):
+    with pytest.raises(error, match=f"attention_backward.*{value!r}"):
+        with config.settings(attention_backward=value):
             pass
+
+
+def test_the_setting_scopes_its_value():
+    assert config.get_attention_backward() is None
+    with config.settings(attention_backward="saved"):
+        assert config.get_attention_backward() == "saved"
+        with config.settings(attention_backward=None):
+            assert config.get_attention_backward() is None
+    assert config.get_attention_backward() is None
