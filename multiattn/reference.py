@@ -114,7 +114,7 @@ def masked_softmax(
     if not 0 <= axis < x.ndim:
         raise ValueError(f"axis out of range for x of shape {x.shape}, got {axis}")
     allowed = _allowed(x.shape, valid_lens, mask, axis)
-    row_max = np.max(np.where(allowed, x, -np.inf), axis=axis, keepdims=True)
+    row_max = np.max(np.where(allowed, x, -np.inf), axis=axis, keepdims=True, initial=-np.inf)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     exps = np.exp(np.where(allowed, x - row_max, -np.inf))
     total = np.sum(exps, axis=axis, keepdims=True)

@@ -149,8 +149,13 @@ def attend(
 
     Returns:
         ``(B, Tq, H, Dv)``, and the weights ``(B, H, Tq, Tk)`` when ``return_weights``.
-        Half-precision inputs are computed in float32; results are cast back.
+        Half-precision inputs are computed in float32; results are cast back. With no
+        queries or no keys (a static length 0) both are zeros wherever they have entries.
     """
+    if 0 in (shape_of(query)[1], shape_of(key)[1 + kv_heads_first]):
+        specs = ("bqhd,bhkd->bhqk", "bhqk,bhke->bqhe") if kv_heads_first else _EMPTY_SPECS
+        out, weights = _without_rows(ops, query, key, value, 1 if kv_heads_first else 2, specs)
+        return (out, weights) if return_weights else out
     dtype = ops.dtype_name(query)
     if dtype in HALF_DTYPES:
         query, key, value = (ops.cast(t, "float32") for t in (query, key, value))
@@ -795,7 +800,8 @@ def scaled_dot_product_attention(
     Returns:
         Output ``(..., queries, d_v)`` in the inputs' dtype (the leading axes of
         ``query``), and with ``return_weights`` the weights ``(..., queries, keys)``. A
-        query with no key to attend gets zero weights and a zero output row. float16/
+        query with no key to attend gets zero weights and a zero output row (so with no
+        keys at all, length 0, the output is zeros; with no queries it is empty). float16/
         bfloat16 inputs are computed in float32 and the results cast back. Every path
         (fused, explicit, blockwise) gives the same results within rounding.
 
@@ -849,6 +855,10 @@ def scaled_dot_product_attention(
     if bias is not None:
         bias = check_bias(ops, bias, (*lead, qs[-2], ks[-2]), where)
         bias = _keep_to_heads(ops, bias, lead) if grouped else _keep_to_flat(ops, bias, lead, 0, 0)
+    if 0 in (qs[-2], ks[-2]):
+        specs = ("...qd,...kd->...qk", "...qk,...ke->...qe")
+        out, weights = _without_rows(ops, query, key, value, -3 if grouped else None, specs)
+        return (out, weights) if return_weights else out
     if grouped:
         # (..., H, T, d) -> (L, T, H, d): `attend` repeats each key/value head for its group.
         if keep is not None:
@@ -894,6 +904,29 @@ def scaled_dot_product_attention(
         return out
     weights = ops.reshape(weights, (*ops.shape(query)[:-1], ops.shape(key)[-2]))
     return out, weights
+
+
+#: `_without_rows`' products for `attend`'s layout: queries ``(B, Tq, H, D)``, keys and
+#: values ``(B, Tk, H, D)``, weights ``(B, H, Tq, Tk)``, output ``(B, Tq, H, Dv)``.
+_EMPTY_SPECS = ("bqhd,bkhd->bhqk", "bhqk,bkhe->bqhe")
+
+
+def _without_rows(
+    ops: Any, query: Any, key: Any, value: Any, heads_axis: int | None, specs: tuple[str, str]
+) -> tuple:
+    """Attention with no queries or no keys (a static length 0): the output and the
+    weights, zeros wherever they have entries (with no key, every query has nothing to
+    attend). They are the einsum products ``specs`` (scores, then output) of the inputs:
+    the scores have no entries, and the output contracts them over the keys (zeros where
+    there are queries), so both stay connected to the inputs for gradients (zeros) and
+    no softmax reduces over an empty axis. Grouped key
+    and value heads (fewer than the queries' along ``heads_axis``) are joined up to the
+    query heads first; their order is immaterial, as every entry is zero."""
+    if heads_axis is not None and shape_of(key)[heads_axis] != shape_of(query)[heads_axis]:
+        groups = shape_of(query)[heads_axis] // shape_of(key)[heads_axis]
+        key, value = (ops.concatenate([t] * groups, axis=heads_axis) for t in (key, value))
+    weights = ops.einsum(specs[0], query, key)  # no entries: Tq or Tk is 0
+    return ops.einsum(specs[1], weights, value), weights
 
 
 def score_attention(

@@ -173,10 +173,11 @@ def _lens_keep(ops: Any, lens: Any, scores_shape: tuple) -> Any:
     """The mask of checked int32 lengths (`check_valid_lens`) for scores of
     ``scores_shape``: bool broadcastable to them."""
     vshape, ndim, num_keys = shape_of(lens), len(scores_shape), scores_shape[-1]
-    if len(vshape) == 1:
-        lens = ops.reshape(lens, (-1,) + (1,) * (ndim - 1))
+    batch = -1 if vshape[0] is None else vshape[0]  # static where known: -1 is ambiguous
+    if len(vshape) == 1:  # beside a size 0 (per-query lengths of no query)
+        lens = ops.reshape(lens, (batch,) + (1,) * (ndim - 1))
     else:
-        lens = ops.reshape(lens, (-1,) + (1,) * (ndim - 3) + (vshape[1], 1))
+        lens = ops.reshape(lens, (batch,) + (1,) * (ndim - 3) + (vshape[1], 1))
     positions = ops.arange(num_keys, dtype="int32")
     return ops.less(positions, lens)
 
@@ -593,7 +594,12 @@ def softmax_where(ops: Any, x: Any, keep: Any, *, zero_empty_rows: bool = True) 
     small exponentials, ``softmax_exact_zeros = False`` as on Paddle, by a select after it),
     but a row with nothing to keep comes out uniform, and a single kept score gets a weight
     of 1 only as exactly as the backend's softmax divides.
+
+    Scores with no entries (a static size 0: no rows, or no keys) give weights of the
+    same empty shape, without a reduction.
     """
+    if 0 in shape_of(x):
+        return x * 0.0
     dtype = ops.dtype_name(x)
     if dtype in HALF_DTYPES:
         x = ops.cast(x, "float32")

@@ -1055,3 +1055,30 @@ def test_half_precision_core_functions_on_paddle_cpu(name, dtype):
     want = oracle_fn(*(rounded(a, dtype) for a in arrays))
     # Scores are computed in the input dtype (one more rounding than attention).
     assert_close(got, want, dtype, tol=4 * TOL[dtype])
+
+
+# --- sequences of length 0 ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["heads", "grouped"])
+@pytest.mark.parametrize(
+    "tq, tk", [(0, 3), (3, 0), (0, 0)], ids=["no queries", "no keys", "neither"]
+)
+def test_attention_over_empty_sequences_gives_zeros_and_zero_gradients(tq, tk, kv_heads):
+    """No queries, no keys or neither: the oracle's shapes, zeros where the output has
+    entries, and zero gradients of the inputs' shapes (connected: Paddle's backward runs)."""
+    arrays = [
+        RNG.standard_normal(s) for s in ((2, 4, tq, 4), (2, kv_heads, tk, 4), (2, kv_heads, tk, 5))
+    ]
+    leaves = [tensor(a, "float32", grad=True) for a in arrays]
+    out, weights = ops.scaled_dot_product_attention(*leaves, causal=True, return_weights=True)
+    groups = 4 // kv_heads
+    want, want_w = ref.scaled_dot_product_attention(
+        arrays[0], *(np.repeat(a, groups, axis=1) for a in arrays[1:]), causal=True
+    )
+    assert to_np(out).shape == want.shape and to_np(weights).shape == want_w.shape
+    assert not np.any(to_np(out))
+    assert not out.stop_gradient and not weights.stop_gradient  # connected to the inputs
+    grads = paddle_grads(PNS.sum(out) + PNS.sum(weights), leaves)
+    for g, a in zip(grads, arrays):
+        assert g.shape == a.shape and not np.any(g)
