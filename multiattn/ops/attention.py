@@ -425,12 +425,11 @@ def _own_backward(
     saves = backward == "saved"
 
     def forward(q: Any, k: Any, v: Any, keep: Any) -> tuple[Any, Any]:
-        lse: list = []
-        out, weights = _explicit_attention(
-            ops, q, k, v, keep, scale, 0.0, False, None, saves, None, None, kv_heads_first,
-            None if saves else lse,
-        )  # fmt: skip
-        return out, weights if saves else lse[0]
+        kept: list = []  # (weights, lse); the compilers drop the one not returned
+        out = _explicit_attention(
+            ops, q, k, v, keep, scale, 0.0, False, None, False, None, None, kv_heads_first, kept
+        )[0]
+        return out, kept[0] if saves else kept[1]
 
     return explicit_grad.attention(
         ops, query, key, value, keep, scale, forward, chunks, kv_heads_first, saves
@@ -562,9 +561,10 @@ def _explicit_attention(
     ``raw_scores``, a list, receives the scores ``(B, H, Tq, Tk)`` before bias and mask
     (for `_screens_scores`). With ``kv_heads_first``, ``key`` and ``value`` are already
     ``(B, H_kv, Tk, D)`` and are contracted where they are (a KV cache, read in place).
-    ``lse``, a list (without weights or dropout), receives the log of each row's softmax
-    denominator ``(B, H, Tq, 1)`` (`multiattn.ops.masking.softmax_lse`), for the backward
-    pass of `multiattn.ops.explicit_grad`.
+    ``lse``, a list (without weights or dropout), receives the weights ``(B, H, Tq, Tk)``
+    (those of a row with nothing to keep uniform: its output is zeroed) and the log of
+    each row's softmax denominator ``(B, H, Tq, 1)`` (`multiattn.ops.masking.softmax_lse`),
+    for the backward pass of `multiattn.ops.explicit_grad`.
     """
     q = ops.transpose(query * scale, (0, 2, 1, 3))
     k, v = key, value
@@ -583,7 +583,7 @@ def _explicit_attention(
         scores = scores + bias
     if lse is not None:
         weights, log_total = softmax_lse(ops, scores, keep)
-        lse.append(log_total)
+        lse.extend((weights, log_total))
     else:
         weights = softmax_where(ops, scores, keep, zero_empty_rows=return_weights)
     mixed = _apply_dropout(ops, weights, dropout, training, seed)

@@ -23,7 +23,9 @@ passes run over the same slices (`Namespace.map_batch`).
 With ``keeps_weights`` the forward pass saves the weights themselves, ``(B, H, Tq,
 Tk)``, and the backward pass reads them instead of recomputing them: no score product
 and no exponential, for the memory that holds the weights between the passes (as
-automatic differentiation holds them). What it still saves over automatic
+automatic differentiation holds them). They are the forward pass's own weights, from
+the backend's softmax: a row with nothing to attend comes out uniform there (its output
+is zeroed), and its zeroed ``dO`` keeps it out of every gradient. What it still saves over automatic
 differentiation is the softmax's backward pass over the score matrix: ``delta`` is a
 sum over the outputs' width instead of a product and a sum over the keys.
 
