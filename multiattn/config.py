@@ -16,7 +16,8 @@ memory and kernels everywhere:
   `set_torch_onednn`; unset, it is measured on the running machine by `multiattn.tuning`).
 
 The others choose kernels that are otherwise measured (``fused_attention``,
-``fused_projections``, ``attention_chunks``, ``attention_backward``) and how ``generate``
+``blockwise_attention``, ``fused_projections``, ``attention_chunks``,
+``attention_backward``) and how ``generate``
 runs (``torch_traced_step``, ``compiled_loop``, ``decode_threads``).
 
 A value is looked up, in order of precedence:
@@ -64,10 +65,12 @@ __all__ = [
     "DEFAULT_ATTENTION_MEMORY_BUDGET",
     "ONEDNN_ENV_VAR",
     "attention_memory_budget",
+    "fingerprint",
     "get_attention_backward",
     "get_attention_chunks",
     "get_attention_memory_budget",
     "get_block_size",
+    "get_blockwise_attention",
     "get_compiled_loop",
     "get_decode_threads",
     "get_fused_attention",
@@ -212,6 +215,7 @@ def settings(
     decode_threads: int | None = _UNSET,
     attention_chunks: int | None = _UNSET,
     attention_backward: str | None = _UNSET,
+    blockwise_attention: bool | None = _UNSET,
 ) -> Iterator[None]:
     """Scoped settings: inside the block, the given values apply to every multiattn call
     in this thread or asyncio task (``with settings(attention_memory_budget="64MiB",
@@ -233,6 +237,17 @@ def settings(
             (beyond it a streaming path is taken either way); None (the default)
             measures which is faster on the running machine, once per shape class
             (`multiattn.tuning`).
+        blockwise_attention: True takes the blockwise path (exact attention block by
+            block with an online softmax, ``docs/long-sequences.md``) wherever the call
+            allows it (static lengths, no weights or dropout wanted), with the blocks the
+            memory budget gives, also where the scores would fit the budget and where
+            PyTorch's kernel streams; False takes it only where the scores exceed the
+            budget; None (the default) does that for eager calls and, for compiled calls
+            (``jax.jit``, ``tf.function``) whose scores fit the budget but take at least
+            ``multiattn.ops.plan.BLOCKWISE_MIN_BYTES`` (32 MiB), measures whether the
+            blockwise path is faster on the running machine, once per shape class
+            (`multiattn.tuning.blockwise_attention_pays`). A forced ``block_size`` takes
+            the blockwise path whatever this says.
         torch_traced_step: on Keras' torch backend, whether ``generate`` runs its
             one-token decoding step recorded by ``torch.jit.trace`` and replayed (True,
             the default; None means the default) or as eager Keras calls (False). Read
@@ -300,6 +315,7 @@ def settings(
     flags = {
         "torch_onednn": torch_onednn,
         "fused_attention": fused_attention,
+        "blockwise_attention": blockwise_attention,
         "torch_traced_step": torch_traced_step,
         "fused_projections": fused_projections,
         "compiled_loop": compiled_loop,
@@ -408,6 +424,13 @@ def get_fused_attention() -> bool | None:
     return _scoped.get().get("fused_attention")
 
 
+def get_blockwise_attention() -> bool | None:
+    """The innermost `settings` value of ``blockwise_attention``: True (the blockwise path
+    wherever the call allows it), False (only over the memory budget) or None (measured
+    for compiled calls within the budget, `multiattn.tuning.blockwise_attention_pays`)."""
+    return _scoped.get().get("blockwise_attention")
+
+
 def get_attention_chunks() -> int | None:
     """The innermost `settings` value of ``attention_chunks``: at most that many slices
     of the batch for the explicit attention path, or None (measured in compiled calls,
@@ -467,3 +490,29 @@ def get_torch_onednn() -> bool | None:
     if _torch_onednn is not None:
         return _torch_onednn
     return _read_environment()["onednn"]
+
+
+def fingerprint() -> tuple:
+    """The settings in force that decide what an attention call computes with, as a
+    hashable tuple of ``(name, value)`` pairs: the effective memory budget (the innermost
+    `settings` block's, else the setter's, else the environment's, else the default),
+    ``block_size``, the effective ``torch_onednn``, and ``fused_attention``,
+    ``blockwise_attention``, ``fused_projections``, ``attention_chunks`` and
+    ``attention_backward``. A compiled or
+    recorded computation that reads them (``generate``'s kept steps) is kept per
+    fingerprint, so that a changed setting takes effect at the next call instead of
+    replaying what was compiled under the old one."""
+    scoped = _scoped.get()
+    kernels = (
+        "fused_attention",
+        "blockwise_attention",
+        "fused_projections",
+        "attention_chunks",
+        "attention_backward",
+    )
+    return (
+        ("attention_memory_budget", get_attention_memory_budget()),
+        ("block_size", get_block_size()),
+        ("torch_onednn", get_torch_onednn()),
+        *((name, scoped.get(name)) for name in kernels),
+    )

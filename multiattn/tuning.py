@@ -50,6 +50,12 @@ Choices made this way:
   forward and backward at the call's full size, in compiled calls on jax and
   TensorFlow); ``settings(attention_backward="autodiff" | "recompute" | "saved")``
   forces one; eager calls and small score matrices are differentiated automatically.
+* ``attention-blockwise``: whether a compiled call (``jax.jit``, ``tf.function``) whose
+  scores fit the attention memory budget runs faster on the blockwise path than on the
+  direct one (`blockwise_attention_pays`, forward at the call's full size);
+  ``settings(blockwise_attention=True/False)`` forces one; eager calls, and scores under
+  ``multiattn.ops.plan.BLOCKWISE_MIN_BYTES``, take the blockwise path only over the
+  budget.
 * ``fused-qkv``: the query, key and value projections of self-attention as three
   products or as one over the three kernels joined (`fused_projections_pay`);
   ``settings(fused_projections=True/False)`` forces one; where nothing can be timed, three
@@ -93,6 +99,7 @@ __all__ = [
     "REPEATS",
     "Decision",
     "attention_chunks",
+    "blockwise_attention_pays",
     "bucket",
     "cpu_info",
     "decide",
@@ -751,6 +758,59 @@ def attention_backward(
         return runs, f"{timed}{sliced}, forward and backward"
 
     return _decide_eagerly("attention-backward", cls, candidates, "autodiff", measurable, why)
+
+
+def blockwise_attention_pays(
+    ops: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    run: Callable[..., Any],
+    causal: bool = False,
+    kv_heads_first: bool = False,
+) -> bool:
+    """True when the blockwise path (exact attention block by block with an online
+    softmax, `multiattn.ops.blockwise`) is faster than the direct path on the running
+    machine for attention of this shape class whose scores fit the memory budget.
+
+    Why it depends on the machine: the direct path writes and reads the whole score
+    matrix several times (scores, softmax, weighted sum), the blockwise path one block
+    at a time, which can stay in the caches, at the cost of a loop and of rescaling its
+    running sums. Which wins depends on the cache sizes and the memory bandwidth: under
+    ``jax.jit``, ``(1, 8, L, 64)`` float32, the blockwise path took 246 against 471 ms
+    at L = 4096 on a 2-core Intel Xeon (AVX-512) and lost at 1024 and 2048 without a
+    causal mask on a 2-core AMD EPYC (AVX2: 70 against 49 ms at 1024).
+
+    ``query`` ``(B, Tq, H, D)``, ``key`` ``(B, Tk, Hkv, D)`` and ``value`` ``(B, Tk,
+    Hkv, Dv)`` (heads first with ``kv_heads_first``) as `multiattn.ops.attention.attend`
+    passes them; ``run(q, k, v, blockwise)`` runs the call's attention without a mask
+    other than ``causal``, on the direct path as planned (``blockwise`` False: the
+    fused or explicit path, the slices and the backward pass the other decisions chose)
+    or on the blockwise path with the blocks the budget gives (True). Both are timed
+    forward on random inputs of the call's full size, compiled as the caller is; the
+    direct path keeps the class unless the blockwise one is more than `MARGIN` faster.
+    The class is `attention_chunks`' and whether the mask is causal (the blockwise path
+    skips the blocks a causal mask hides). Not timed (the direct path): where nothing
+    can be timed (Keras symbolic tensors, ``torch.compile``) and sizes unknown at trace
+    time.
+    """
+    sizes, cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
+    measurable, why = _at_full_size(sizes, cls, measurable, why)
+    cls["causal"] = bool(causal)
+
+    def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
+        with _eager(ops.backend):
+            tensors, timed = _full_size_inputs(ops, sizes, cls["dtype"], query, kv_heads_first)
+            runs = {
+                name: _compiled(
+                    ops.backend, functools.partial(run, blockwise=name == "blockwise"), tensors, how
+                )
+                for name in ("direct", "blockwise")
+            }
+        return runs, f"{timed}{', causal' if causal else ''}, forward"
+
+    choice = _decide_eagerly("attention-blockwise", cls, candidates, "direct", measurable, why)
+    return choice == "blockwise"
 
 
 def fused_projections_pay(

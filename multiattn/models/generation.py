@@ -499,47 +499,52 @@ class GenerationMixin:
         static, the one named ``donate`` donated, and the weights passed as arguments
         (read through ``keras.StatelessScope``), not constants of the trace, so the kept
         function follows weights changed later (training, ``set_weights``). Either way
-        the `owned_caches` block in force at the call (`cache_scope`) is an argument that
-        selects the trace: a trace made under one block is not reused under another.
+        the `owned_caches` block in force at the call (`cache_scope`) and the settings
+        that shape attention (`multiattn.config.fingerprint`) are arguments that select
+        the trace: a trace made under one block or one setting is not reused under
+        another.
 
         The returned function has an ``optimized_hlo(*args)`` attribute: XLA's optimised
         program for those arguments, as text (the tests read it for copies of a cache)."""
+        from .. import config
+
         names = list(inspect.signature(fn).parameters)
         if self._backend() == "tensorflow":
             import tensorflow as tf
 
-            def scoped(scope, *args):
+            def scoped(scope, settings, *args):
                 with enter_cache_scope(scope):
                     return fn(*args)
 
             compiled = tf.function(scoped, reduce_retracing=False, jit_compile=True)
 
             def call(*args):
-                return compiled(cache_scope(), *args)
+                return compiled(cache_scope(), config.fingerprint(), *args)
 
             call.optimized_hlo = lambda *args: compiled.experimental_get_compiler_ir(
-                cache_scope(), *args
+                cache_scope(), config.fingerprint(), *args
             )(stage="optimized_hlo")
             return call
         import jax
 
         variables = list(self.variables)
 
-        def pure(values, scope, *args):
+        def pure(values, scope, settings, *args):
             with keras.StatelessScope(state_mapping=list(zip(variables, values))):
                 with enter_cache_scope(scope):
                     return fn(*args)
 
         compiled = jax.jit(
             pure,
-            static_argnums=(1, *(2 + names.index(n) for n in static)),
-            donate_argnums=() if donate is None else (2 + names.index(donate),),
+            static_argnums=(1, 2, *(3 + names.index(n) for n in static)),
+            donate_argnums=() if donate is None else (3 + names.index(donate),),
         )
+
+        def leading() -> tuple:
+            return [v.value for v in variables], cache_scope(), config.fingerprint()
 
         def call(*args):
-            return compiled([v.value for v in variables], cache_scope(), *args)
+            return compiled(*leading(), *args)
 
-        call.optimized_hlo = lambda *args: (
-            compiled.lower([v.value for v in variables], cache_scope(), *args).compile().as_text()
-        )
+        call.optimized_hlo = lambda *args: compiled.lower(*leading(), *args).compile().as_text()
         return call

@@ -32,9 +32,10 @@ What makes a recording replay correctly for other inputs:
   ``set_weights``. At most `KEPT` recordings are kept (the oldest goes first): each holds
   its folded constants (the joined kernels, where the step joins them);
 * arguments that are not arrays (None, Python numbers) are part of the key that selects a
-  recording, with the shapes and dtypes of the tensors and the enclosing
+  recording, with the shapes and dtypes of the tensors, the enclosing
   `multiattn._namespace.owned_caches` block (what it vouches for changes what is
-  recorded).
+  recorded) and the settings that shape attention (`multiattn.config.fingerprint`: a
+  ``settings(fused_attention=False)`` block records a step of its own).
 
 It runs under ``torch.no_grad()``: generation needs no gradients. A step that cannot be
 recorded runs eagerly, with a ``RuntimeWarning`` that says why.
@@ -113,12 +114,13 @@ class TracedStep:
     def __call__(self, *args: Any) -> Any:
         import torch
 
+        from .. import config
         from .._namespace import cache_scope
 
         tensors: list = []
         skeleton = _split(args, tensors, torch)
         shapes = tuple((tuple(t.shape), t.dtype) for t in tensors)
-        key = (repr(skeleton), shapes, cache_scope())
+        key = (repr(skeleton), shapes, cache_scope(), config.fingerprint())
         if self._values is None:
             self.sync()
         with torch.no_grad():

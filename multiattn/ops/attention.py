@@ -32,6 +32,7 @@ head) and for the blockwise path.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -170,6 +171,9 @@ def attend(
         kv_heads_first,
     )  # fmt: skip
     spec = dataclasses.replace(spec, bias=bias is not None)
+    blockwise = config.get_blockwise_attention()
+    if blockwise is not None:
+        spec = dataclasses.replace(spec, blockwise_faster=blockwise)
     forced = config.get_fused_attention()
     if forced is not None:
         spec = dataclasses.replace(spec, fused_faster=forced)
@@ -193,6 +197,14 @@ def attend(
         )  # fmt: skip
     if backward is not None:
         spec = dataclasses.replace(spec, backward=backward)
+    if plan.wants_blockwise_timing(spec):
+        run_unmasked = functools.partial(
+            _planned_unmasked, ops, scale=scale, causal=causal, kv_heads_first=kv_heads_first
+        )
+        faster = tuning.blockwise_attention_pays(
+            ops, query, key, value, run_unmasked, spec.effective_causal, kv_heads_first
+        )
+        spec = dataclasses.replace(spec, blockwise_faster=faster)
     how = plan.plan_attention(spec)
     sizes = tuple(
         s if s is not None else ops.shape(t)[axis]
@@ -412,6 +424,23 @@ class _Dropout(NamedTuple):
 
     rate: float
     seed: Any
+
+
+def _planned_unmasked(
+    ops: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    scale: float,
+    causal: bool,
+    kv_heads_first: bool,
+    blockwise: bool,
+) -> Any:
+    """`attend` without a mask other than ``causal``, on the blockwise path or only over
+    the budget (a candidate of `multiattn.tuning.blockwise_attention_pays`)."""
+    with config.settings(blockwise_attention=blockwise):
+        return attend(ops, q, k, v, causal=causal, scale=scale, kv_heads_first=kv_heads_first)
 
 
 def _own_backward(

@@ -13,9 +13,12 @@ The facts that need tensors are measured by the caller only when the plan depend
 them, and passed in: whether the fused kernel is faster than the explicit path on this
 machine (`multiattn.tuning.fused_attention_pays`, when `wants_timing`; ``fused_faster``),
 how many slices of the batch the explicit path runs fastest in
-(`multiattn.tuning.attention_chunks`, when `wants_chunk_timing`; ``chunks``) and how it
+(`multiattn.tuning.attention_chunks`, when `wants_chunk_timing`; ``chunks``), how it
 is differentiated fastest (`multiattn.tuning.attention_backward`, when
-`wants_backward_timing`; ``backward``).
+`wants_backward_timing`; ``backward``) and whether the blockwise path is faster than the
+direct one for scores that fit the memory budget
+(`multiattn.tuning.blockwise_attention_pays`, when `wants_blockwise_timing`;
+``blockwise_faster``).
 """
 
 from __future__ import annotations
@@ -24,16 +27,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._checks import HALF_DTYPES
-from .blockwise import plan_blocks
+from .blockwise import MAX_QUERY_BLOCKS, PREFERRED_BLOCK_BYTES, choose_blocks, plan_blocks
 
 __all__ = [
     "BACKWARDS",
+    "BLOCKWISE_MIN_BYTES",
     "AttentionPlan",
     "AttentionSpec",
     "Backward",
     "Capabilities",
     "plan_attention",
     "wants_backward_timing",
+    "wants_blockwise_timing",
     "wants_chunk_timing",
     "wants_timing",
 ]
@@ -60,6 +65,10 @@ Backward = Literal["autodiff", "recompute", "saved"]
 BACKWARDS = ("autodiff", "recompute", "saved")
 
 _PATHS = ("fused", "explicit", "blockwise")
+#: Score matrices within the memory budget and at least this large (two blocks of
+#: `multiattn.ops.blockwise.PREFERRED_BLOCK_BYTES`) are timed on the direct and the
+#: blockwise path (`wants_blockwise_timing`); a smaller one would be a single block.
+BLOCKWISE_MIN_BYTES = 2 * PREFERRED_BLOCK_BYTES
 
 
 def _check_size(name: str, value: Any) -> None:
@@ -121,6 +130,11 @@ class AttentionSpec:
     ``backward``: how the explicit path is differentiated, one of `BACKWARDS`
     (``settings(attention_backward=...)``, or measured by
     `multiattn.tuning.attention_backward`); None: not decided (automatic).
+    ``blockwise_faster``: whether the blockwise path beat the direct one on this machine
+    for scores within the memory budget (`multiattn.tuning.blockwise_attention_pays`),
+    or forced by ``settings(blockwise_attention=...)``: True takes the blockwise path
+    wherever the call allows it (static lengths, no weights or dropout), False only over
+    the budget; None: not decided (only over the budget).
 
     A key/value head count that does not divide the query heads is refused here
     (``ValueError``), so no spec describes one.
@@ -147,6 +161,7 @@ class AttentionSpec:
     fused_faster: bool | None = None
     chunks: int | None = None
     backward: Backward | None = None
+    blockwise_faster: bool | None = None
 
     def __post_init__(self) -> None:
         _check_size("chunks", self.chunks)
@@ -293,7 +308,7 @@ def _streams(spec: AttentionSpec) -> bool:
     ``settings(fused_attention=False)`` gives a streaming kernel: it is not timed)."""
     if spec.block_size is not None or spec.needs_matrix or spec.mask:
         return False
-    if spec.fused_faster is False:
+    if spec.fused_faster is False or spec.blockwise_faster:
         return False
     if not spec.capabilities.fused_attention_streams or not _eligible(spec):
         return False
@@ -303,16 +318,33 @@ def _streams(spec: AttentionSpec) -> bool:
     return not causal or (spec.queries is not None and spec.queries == spec.keys)
 
 
+def _itemsize(spec: AttentionSpec) -> int:
+    return 8 if spec.compute_dtype == "float64" else 4
+
+
+def _static_lengths(spec: AttentionSpec) -> bool:
+    return bool(spec.queries) and bool(spec.keys)  # known and above 0
+
+
 def _blocks(spec: AttentionSpec) -> tuple[int, int] | None:
+    """The blockwise path's blocks, or None for a direct path: forced blocks, scores
+    over the budget, or (``blockwise_faster``) the blocks the budget would give."""
     if spec.needs_matrix or _streams(spec):
         return None
-    return plan_blocks(
-        (spec.batch, spec.heads, spec.queries, spec.keys),
-        8 if spec.compute_dtype == "float64" else 4,
-        spec.block_size,
-        traced=spec.traced,
-        budget=spec.memory_budget,
+    shape = (spec.batch, spec.heads, spec.queries, spec.keys)
+    blocks = plan_blocks(
+        shape, _itemsize(spec), spec.block_size, traced=spec.traced, budget=spec.memory_budget
     )
+    if blocks is None and spec.blockwise_faster and _static_lengths(spec):
+        blocks = choose_blocks(
+            (spec.batch or 1) * (spec.heads or 1),
+            spec.queries,
+            spec.keys,
+            _itemsize(spec),
+            spec.memory_budget,
+            MAX_QUERY_BLOCKS if spec.traced else None,
+        )
+    return blocks
 
 
 def wants_timing(spec: AttentionSpec) -> bool:
@@ -321,6 +353,24 @@ def wants_timing(spec: AttentionSpec) -> bool:
     return (
         _eligible(spec) and not spec.needs_matrix and not _streams(spec) and _blocks(spec) is None
     )
+
+
+def wants_blockwise_timing(spec: AttentionSpec) -> bool:
+    """Whether the blockwise path is to be timed against the direct one
+    (`multiattn.tuning.blockwise_attention_pays`): not decided (``blockwise_faster``
+    None), the call is compiled (``traced``: eager calls take the blockwise path only
+    over the budget, each of its blocks a separate call into the framework), its sizes
+    are known, no weights or dropout are wanted, no block size is forced, the scores fit
+    the budget but take at least `BLOCKWISE_MIN_BYTES`, and the fused kernel does not
+    stream (it is linear in memory already)."""
+    if spec.blockwise_faster is not None or not spec.traced or spec.needs_matrix:
+        return False
+    if spec.block_size is not None or not _static_lengths(spec) or _streams(spec):
+        return False
+    if None in (spec.batch, spec.heads):
+        return False
+    scores = spec.batch * spec.heads * spec.queries * spec.keys * _itemsize(spec)
+    return BLOCKWISE_MIN_BYTES <= scores <= spec.memory_budget
 
 
 def wants_chunk_timing(spec: AttentionSpec) -> bool:

@@ -413,6 +413,48 @@ def test_torch_traced_step_matches_the_eager_step(tmp_path, case, fused):
     np.testing.assert_array_equal(traced, eager)
 
 
+@pytest.mark.skipif(
+    BACKEND not in ("torch", "jax", "tensorflow"), reason="a kept compiled or recorded step"
+)
+def test_kept_step_follows_a_changed_setting(tmp_path):
+    """generate keeps its compiled (jax, TensorFlow) or recorded (torch) step from call to
+    call; under another settings block it makes a step of its own instead of replaying
+    the one made under the first: forcing the fused kernel and then the explicit path
+    gives two steps (on torch only the fused one guards its query screen), and the same
+    tokens as the eager step."""
+    from multiattn import config
+
+    _build("gpt2", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids, mask = _batch()
+    args = {"attention_mask": mask, "max_new_tokens": 6}
+    tokens = {}
+    for fused in (True, False):
+        with config.settings(fused_attention=fused, compiled_loop=False):
+            tokens[fused] = model.generate(ids, **args)
+    step = model.layer._compiled_step()
+    if BACKEND == "torch":
+        recordings = {key[-1]: r for key, r in step._recordings.items()}
+        assert len(recordings) == 2
+        guarded = {dict(key)["fused_attention"]: bool(r[2]) for key, r in recordings.items()}
+        assert guarded == {True: True, False: False}
+    else:
+        batch, seq = ids.shape
+        layer = model.layer
+        one = np.ones((batch, 1), "int32")
+        slots = np.ones((batch, seq + 4), bool)
+        hlo = {}
+        for fused in (True, False):
+            with config.settings(fused_attention=fused):
+                caches = layer.init_caches(batch, seq + 4)
+                hlo[fused] = step.optimized_hlo(one, one * seq, caches, np.int32(seq), slots)
+        assert hlo[True] != hlo[False]
+    with config.settings(torch_traced_step=False, compiled_loop=False):
+        eager = model.generate(ids, **args)
+    np.testing.assert_array_equal(tokens[True], eager)
+    np.testing.assert_array_equal(tokens[False], eager)
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="the traced step is torch's")
 def test_torch_traced_step_guards_the_branch_it_recorded(tmp_path):
     """A replay whose inputs take another branch (a NaN in a masked cache slot: the
