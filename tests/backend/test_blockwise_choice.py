@@ -102,6 +102,10 @@ def test_compiled_calls_measure_the_choice_once_per_class(causal):
     found = _decisions()
     assert len(found) == 1 and found[0]["how"] == "measured", found
     assert set(found[0]["median_ms"]) == {"direct", "blockwise"}
+    if found[0]["choice"] == "blockwise":  # then timed forward and backward too
+        assert [d["op"] for d in tuning.decisions() if "backward" in d["op"]] == [
+            "attention-blockwise-backward"
+        ]
     assert found[0]["shape_class"]["causal"] is causal
     jit(f)(*qkv)  # a second trace: the decision is reused, not timed again
     assert len(_decisions()) == 1
