@@ -564,7 +564,7 @@ def _blockwise(
 
 def _explicit_attention(
     ops, query, key, value, keep, scale, dropout, training, seed, return_weights, bias=None,
-    raw_scores=None, kv_heads_first=False, lse=None,
+    raw_scores=None, kv_heads_first=False, kept=None,
 ):  # fmt: skip
     """Scores, masked softmax and weighted sum, in head-major layout; returns the output
     and, with ``return_weights``, the weights (else None).
@@ -590,7 +590,7 @@ def _explicit_attention(
     ``raw_scores``, a list, receives the scores ``(B, H, Tq, Tk)`` before bias and mask
     (for `_screens_scores`). With ``kv_heads_first``, ``key`` and ``value`` are already
     ``(B, H_kv, Tk, D)`` and are contracted where they are (a KV cache, read in place).
-    ``lse``, a list (without weights or dropout), receives the weights ``(B, H, Tq, Tk)``
+    ``kept``, a list (without weights or dropout), receives the weights ``(B, H, Tq, Tk)``
     (those of a row with nothing to keep uniform: its output is zeroed) and the log of
     each row's softmax denominator ``(B, H, Tq, 1)`` (`multiattn.ops.masking.softmax_lse`),
     for the backward pass of `multiattn.ops.explicit_grad`.
@@ -610,9 +610,9 @@ def _explicit_attention(
         raw_scores.append(scores)
     if bias is not None:
         scores = scores + bias
-    if lse is not None:
+    if kept is not None:
         weights, log_total = softmax_lse(ops, scores, keep)
-        lse.extend((weights, log_total))
+        kept.extend((weights, log_total))
     else:
         weights = softmax_where(ops, scores, keep, zero_empty_rows=return_weights)
     mixed = _apply_dropout(ops, weights, dropout, training, seed)
