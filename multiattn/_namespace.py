@@ -569,7 +569,7 @@ class _TorchNamespace(KerasNamespace):
         from . import tuning
 
         if torch.jit.is_tracing() and not torch.is_grad_enabled():
-            return "measure"  # recorded as the product decided earlier (or BLAS's)
+            return "measure"  # recorded as BLAS's product (`_torch_matmul._product`)
         return None if tuning.torch_is_tracing() else "measure"
 
     def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:

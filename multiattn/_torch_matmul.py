@@ -129,7 +129,10 @@ def route(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str:
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, measure: bool) -> Any:
-    if measure and route(a, b, bias) == "blas":
+    # torch.jit.trace cannot record oneDNN's operator (its argument list of optional
+    # scalars is refused, even empty): a recording takes the BLAS product, whatever was
+    # measured or forced
+    if torch.jit.is_tracing() or (measure and route(a, b, bias) == "blas"):
         return blas(a, b, bias)
     return onednn(a, b, bias)
 
@@ -170,7 +173,9 @@ def matmul_bias(
     """``a (N, K) @ b (K, M) (+ bias (M,))``, differentiable; float32 CPU tensors only (the
     caller checks, see `multiattn._namespace.KerasNamespace.linear`). ``measure=False``:
     every product (forward and backward) on oneDNN; ``True``: each on the library `route`
-    measured faster for its shape class. Where nothing needs a gradient (``no_grad``,
+    measured faster for its shape class. While ``torch.jit.trace`` records the call,
+    every product is BLAS's (oneDNN's operator cannot be recorded). Where nothing needs
+    a gradient (``no_grad``,
     inference) the product runs without the autograd Function, whose per-call cost is a
     large part of a small projection's."""
     if torch.is_grad_enabled() and (

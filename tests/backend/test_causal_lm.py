@@ -413,6 +413,27 @@ def test_torch_traced_step_matches_the_eager_step(tmp_path, case, fused):
     np.testing.assert_array_equal(traced, eager)
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="the traced step is torch's")
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "blas"])
+def test_torch_traced_step_records_with_either_projection_library(tmp_path, onednn):
+    """The projections' library is measured per product (oneDNN won some on an AVX2-only
+    AMD EPYC); torch.jit.trace cannot record oneDNN's operator, so a recording takes BLAS
+    whatever was measured or forced, and the step is recorded, not run eagerly."""
+    from multiattn import config
+
+    _build("llama3", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids, mask = _batch()
+    with config.settings(torch_onednn=onednn), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # "could not be recorded"
+        traced = model.generate(ids, attention_mask=mask, max_new_tokens=5)
+        recordings = list(model.layer._compiled_step()._recordings.values())
+        assert recordings and all(r is not None for r in recordings)
+        with config.settings(torch_traced_step=False):
+            eager = model.generate(ids, attention_mask=mask, max_new_tokens=5)
+    np.testing.assert_array_equal(traced, eager)
+
+
 @pytest.mark.skipif(
     BACKEND not in ("torch", "jax", "tensorflow"), reason="a kept compiled or recorded step"
 )
