@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._checks import HALF_DTYPES
-from .blockwise import MAX_QUERY_BLOCKS, PREFERRED_BLOCK_BYTES, choose_blocks, plan_blocks
+from .blockwise import PREFERRED_BLOCK_BYTES, plan_blocks
 
 __all__ = [
     "BACKWARDS",
@@ -331,20 +331,14 @@ def _blocks(spec: AttentionSpec) -> tuple[int, int] | None:
     over the budget, or (``blockwise_faster``) the blocks the budget would give."""
     if spec.needs_matrix or _streams(spec):
         return None
-    shape = (spec.batch, spec.heads, spec.queries, spec.keys)
-    blocks = plan_blocks(
-        shape, _itemsize(spec), spec.block_size, traced=spec.traced, budget=spec.memory_budget
+    return plan_blocks(
+        (spec.batch, spec.heads, spec.queries, spec.keys),
+        _itemsize(spec),
+        spec.block_size,
+        traced=spec.traced,
+        budget=spec.memory_budget,
+        within_budget=bool(spec.blockwise_faster),
     )
-    if blocks is None and spec.blockwise_faster and _static_lengths(spec):
-        blocks = choose_blocks(
-            (spec.batch or 1) * (spec.heads or 1),
-            spec.queries,
-            spec.keys,
-            _itemsize(spec),
-            spec.memory_budget,
-            MAX_QUERY_BLOCKS if spec.traced else None,
-        )
-    return blocks
 
 
 def wants_timing(spec: AttentionSpec) -> bool:
