@@ -134,3 +134,16 @@ def grouped_oracle(q, k, v, kw: dict):
     groups = q.shape[1] // k.shape[1]
     k, v = (np.repeat(t, groups, axis=1) for t in (k, v))
     return reference.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def sdpa_call(q, k, v, kw: dict):
+    """`multiattn.ops.scaled_dot_product_attention` with the keyword arguments of an
+    `attention_cases` case: the lengths as an int32 tensor, a bias as float32."""
+    from multiattn import ops
+
+    tensors = {
+        name: cast(value, "float32") if name == "bias" else value for name, value in kw.items()
+    }
+    if "valid_lens" in tensors:
+        tensors["valid_lens"] = keras.ops.convert_to_tensor(kw["valid_lens"], "int32")
+    return ops.scaled_dot_product_attention(q, k, v, **tensors)

@@ -17,6 +17,7 @@ from _support import (
     gradients,
     grouped_oracle,
     numeric_grad,
+    sdpa_call,
     to_np,
 )
 
@@ -60,13 +61,6 @@ def _oracle(q, k, v, kw):
     return grouped_oracle(q, k, v, kw)[0]
 
 
-def _call(q, k, v, kw):
-    tensors = dict(kw)
-    if "valid_lens" in tensors:
-        tensors["valid_lens"] = keras.ops.convert_to_tensor(kw["valid_lens"], "int32")
-    return ops.scaled_dot_product_attention(q, k, v, **tensors)
-
-
 def _settings(backward="recompute", chunks=1):
     return config.settings(
         attention_backward=backward, attention_chunks=chunks, fused_attention=False
@@ -79,7 +73,7 @@ def _settings(backward="recompute", chunks=1):
 def test_values_are_the_oracle_values(own_backward, case, kv_heads, backward):
     q, k, v = _inputs(kv_heads)
     with _settings(backward):
-        got = _call(*(cast(a, "float32") for a in (q, k, v)), CASES[case])
+        got = sdpa_call(*(cast(a, "float32") for a in (q, k, v)), CASES[case])
     assert_close(got, _oracle(q, k, v, CASES[case]), "float32", TOL)
     # every call takes the explicit path (fused_attention=False), even where the fused
     # kernel streams (PyTorch's)
@@ -97,7 +91,7 @@ def test_gradients_are_the_oracle_gradients(own_backward, case, kv_heads, chunks
 
     def fn(qt, kt, vt):
         with _settings(backward, chunks):
-            out = _call(qt, kt, vt, kw)
+            out = sdpa_call(qt, kt, vt, kw)
         return keras.ops.sum(out * cast(g, "float32"))
 
     grads = gradients(fn, *(cast(a, "float32") for a in (q, k, v)))

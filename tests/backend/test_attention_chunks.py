@@ -15,6 +15,7 @@ from _support import (
     gradients,
     grouped_oracle,
     numeric_grad,
+    sdpa_call,
     to_np,
 )
 
@@ -59,15 +60,6 @@ CASES["bias broadcast"] = {"bias": RNG.standard_normal((H, TQ, TK))}
 _oracle = grouped_oracle
 
 
-def _call(q, k, v, kw):
-    tensors = {
-        name: cast(value, "float32") if name == "bias" else value for name, value in kw.items()
-    }
-    if "valid_lens" in tensors:
-        tensors["valid_lens"] = keras.ops.convert_to_tensor(kw["valid_lens"], "int32")
-    return ops.scaled_dot_product_attention(q, k, v, **tensors)
-
-
 @pytest.mark.parametrize("kv_heads", [H, 2], ids=["heads", "grouped"])
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize(("asked", "taken"), [(2, 2), (4, 4), (3, 2)])
@@ -75,7 +67,7 @@ def test_slices_give_the_oracle_values(slices, case, kv_heads, asked, taken):
     q, k, v = _inputs(kv_heads)
     kw = CASES[case]
     with config.settings(attention_chunks=asked, fused_attention=False):
-        got = _call(*(cast(a, "float32") for a in (q, k, v)), kw)
+        got = sdpa_call(*(cast(a, "float32") for a in (q, k, v)), kw)
     want = _oracle(q, k, v, kw)[0]
     assert_close(got, want, "float32", TOL)
     assert slices == ([taken] if MAPS else []), f"map_batch calls {slices}, {BACKEND}"
@@ -102,7 +94,7 @@ def test_slices_give_the_oracle_gradients(slices, case):
 
     def fn(qt, kt, vt):
         with config.settings(attention_chunks=2, fused_attention=False):
-            out = _call(qt, kt, vt, kw)
+            out = sdpa_call(qt, kt, vt, kw)
         return keras.ops.sum(out * cast(g, "float32"))
 
     grads = gradients(fn, *(cast(a, "float32") for a in (q, k, v)))

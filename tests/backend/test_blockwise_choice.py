@@ -6,7 +6,7 @@ every way against the float64 oracle."""
 
 import numpy as np
 import pytest
-from _support import BACKEND, TOL, assert_close, attention_cases, cast, compiler, to_np
+from _support import BACKEND, TOL, assert_close, attention_cases, cast, compiler, sdpa_call, to_np
 
 from multiattn import config, ops, tuning
 from multiattn import reference as ref
@@ -39,15 +39,6 @@ def _oracle(q, k, v, kw):
     return ref.scaled_dot_product_attention(q, k, v, **kw)[0]
 
 
-def _call(q, k, v, kw):
-    import keras
-
-    tensors = dict(kw)
-    if "valid_lens" in tensors:
-        tensors["valid_lens"] = keras.ops.convert_to_tensor(kw["valid_lens"], "int32")
-    return ops.scaled_dot_product_attention(q, k, v, **tensors)
-
-
 def _decisions() -> list[dict]:
     return [d for d in tuning.decisions() if d["op"] == "attention-blockwise"]
 
@@ -63,7 +54,7 @@ def test_forced_on_gives_the_oracle_values_on_the_blockwise_path(blockwise_calls
     budget (eagerly too, and on torch where its kernel streams), the oracle's values."""
     q, k, v = (RNG.standard_normal((B, H, t, D)) for t in (TQ, TK, TK))
     with config.settings(blockwise_attention=True):
-        got = _call(*(cast(a, "float32") for a in (q, k, v)), CASES[case])
+        got = sdpa_call(*(cast(a, "float32") for a in (q, k, v)), CASES[case])
     assert_close(got, _oracle(q, k, v, CASES[case]), "float32", TOL)
     assert len(blockwise_calls) == 1
 
