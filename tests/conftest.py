@@ -233,12 +233,29 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                     counts[rec["outcome"]] = counts.get(rec["outcome"], 0) + 1
                 summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                 reporter.write_line(f"backend {backend}{part}: {summary} in {elapsed:.0f}s")
+    config.stash[_WORKER_RECORDS] = [rec for b in backends for rec in results[b]]
     for backend in backends:
         for rec in results[backend]:
             name = rec["nodeid"].split("::", 1)[-1]
             items.append(
                 ReplayItem.from_parent(session, name=name, nodeid=rec["nodeid"], record=rec)
             )
+
+
+_WORKER_RECORDS = pytest.StashKey[list]()
+#: how many of the slowest backend tests the outer session lists (its own --durations
+#: only sees the replayed results, which take no time)
+SLOWEST_SHOWN = 25
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    records = config.stash.get(_WORKER_RECORDS, [])
+    timed = sorted((r for r in records if r.get("duration")), key=lambda r: -r["duration"])
+    if IS_WORKER or not timed:
+        return
+    terminalreporter.section(f"slowest {min(SLOWEST_SHOWN, len(timed))} backend tests")
+    for rec in timed[:SLOWEST_SHOWN]:
+        terminalreporter.write_line(f"{rec['duration']:8.2f}s {rec['backend']:<10} {rec['nodeid']}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -253,7 +270,10 @@ _RESULTS: dict[str, dict] = {}
 def pytest_runtest_logreport(report):
     if not IS_WORKER:
         return
-    rec = _RESULTS.setdefault(report.nodeid, {"nodeid": report.nodeid, "outcome": "passed"})
+    rec = _RESULTS.setdefault(
+        report.nodeid, {"nodeid": report.nodeid, "outcome": "passed", "duration": 0.0}
+    )
+    rec["duration"] += report.duration  # setup, call and teardown together
     if report.failed:
         rec["outcome"] = "failed"
         text = f"{rec.get('longrepr', '')}\n[{report.when}]\n{report.longrepr}"
