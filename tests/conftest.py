@@ -12,12 +12,19 @@ Besides the four Keras backends, suites that need a process of their own (the Pa
 adapter, which must import paddle before anything can load TensorFlow and runs with no
 Keras backend chosen) are further workers: see ``WORKERS``.
 
+While backend workers run, the tests of ``tests/`` itself (the framework-free ones:
+oracle, conformance runner, ports, CLI) run as one more worker, ``core``, beside them
+instead of after them, when the run names whole files or directories (no ``::``): on a
+two-core machine the backend workers and the framework-free tests, which mostly wait on
+subprocesses of one framework each, then share the machine instead of taking turns.
+
 Environment:
     MULTIATTN_TEST_BACKENDS: comma-separated subset of the worker names
         (jax, torch, tensorflow, numpy, paddle).
     MULTIATTN_TEST_JOBS: how many workers run at once (default 2).
     MULTIATTN_TEST_WORKER_TIMEOUT: seconds a worker may run before it is stopped and
-        reported as failed with the end of its output (default 2700).
+        reported as failed with the end of its output (default 2700; twice that for
+        ``core``, the longest).
 
 A worker whose whole directory runs (no narrower path given) may be split into several
 processes that each run a share of its test files (`SHARDS`): the longest backend then
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,6 +60,11 @@ WORKERS: dict[str, tuple[Path, dict[str, str | None]]] = {
     "paddle": (PADDLE_DIR, {"KERAS_BACKEND": None}),
 }
 BACKENDS = tuple(WORKERS)
+#: the worker that runs the tests of ``tests/`` itself beside the backend workers
+CORE = "core"
+#: the order workers start in: the longest first (measured on the CI machine), so that
+#: the short ones fill in at the end
+START_ORDER = (CORE, "jax", "tensorflow", "torch", "paddle", "numpy")
 #: worker name -> processes its whole directory is split into (test files dealt by size)
 SHARDS = {"jax": 2}
 WORKER_TIMEOUT = float(os.environ.get("MULTIATTN_TEST_WORKER_TIMEOUT", "2700"))
@@ -72,7 +85,9 @@ def _worker_paths(config: pytest.Config, directory: Path) -> list[str]:
     paths = []
     for arg in config.args:
         path = Path(arg.split("::")[0]).resolve()
-        if path == directory or directory in path.parents:
+        if path == directory:
+            paths.append(str(directory))  # however it was spelled: `_shares` splits it
+        elif directory in path.parents:
             paths.append(arg)
         elif path in directory.parents:
             paths.append(str(directory))
@@ -139,10 +154,10 @@ class ReplayItem(pytest.Item):
 def _shares(backend: str, paths: list[str]) -> list[list[str]]:
     """``paths`` as one job, or, for a worker of `SHARDS` asked for its whole directory,
     its test files dealt into that many jobs (largest first, each to the lightest)."""
-    directory = WORKERS[backend][0]
     count = SHARDS.get(backend, 1)
-    if count < 2 or paths != [str(directory)]:
+    if count < 2 or paths != [str(WORKERS[backend][0])]:
         return [paths]
+    directory = WORKERS[backend][0]
     files = sorted(directory.glob("test_*.py"), key=lambda f: (-f.stat().st_size, f.name))
     bins: list[tuple[int, list[str]]] = [(0, []) for _ in range(count)]
     for f in files:
@@ -155,7 +170,8 @@ def _shares(backend: str, paths: list[str]) -> list[list[str]]:
 def _run_worker(
     backend: str, paths: list[str], extra: list[str], part: str = ""
 ) -> tuple[str, list[dict], str, float]:
-    directory, overrides = WORKERS[backend]
+    directory, overrides = (HERE, {}) if backend == CORE else WORKERS[backend]
+    timeout = WORKER_TIMEOUT * (2 if backend == CORE else 1)
     env = dict(os.environ)
     env.update({WORKER_ENV: backend, "MULTIATTN_TEST_DIR": str(directory), "PYTHONHASHSEED": "0"})
     for key, value in overrides.items():  # JAX_ENABLE_X64: float64 cases need real float64
@@ -171,13 +187,13 @@ def _run_worker(
         start = time.monotonic()
         try:
             proc = subprocess.run(
-                cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT
+                cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
             )
         except subprocess.TimeoutExpired as err:
             out = (err.stdout or b"") + (err.stderr or b"")
             proc = subprocess.CompletedProcess(
                 cmd, returncode=-1, stdout=out.decode(errors="replace"),
-                stderr=f"\nstopped after {WORKER_TIMEOUT:g} s (MULTIATTN_TEST_WORKER_TIMEOUT)",
+                stderr=f"\nstopped after {timeout:g} s (MULTIATTN_TEST_WORKER_TIMEOUT)",
             )  # fmt: skip
         elapsed = time.monotonic() - start
         records = []
@@ -213,9 +229,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         value = getattr(config.option, opt, "")
         if value:
             extra += ["-k" if opt == "keyword" else "-m", value]
+    core = _core_files(config, items)
+    if core:
+        wanted[CORE] = core
+        items.clear()  # their results come back from the worker
     backends = list(wanted)
-    runs = []  # (backend, paths, part label), the sharded (longest) backends first
-    for b in sorted(backends, key=lambda b: -SHARDS.get(b, 1)):
+    runs = []  # (backend, paths, part label), the longest first
+    for b in sorted(backends, key=START_ORDER.index):
         shares = _shares(b, wanted[b])
         runs += [(b, p, f" {i + 1}/{len(shares)}" if len(shares) > 1 else "")
                  for i, p in enumerate(shares)]  # fmt: skip
@@ -232,7 +252,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 for rec in records:
                     counts[rec["outcome"]] = counts.get(rec["outcome"], 0) + 1
                 summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-                reporter.write_line(f"backend {backend}{part}: {summary} in {elapsed:.0f}s")
+                reporter.write_line(f"worker {backend}{part}: {summary} in {elapsed:.0f}s")
     config.stash[_WORKER_RECORDS] = [rec for b in backends for rec in results[b]]
     for backend in backends:
         for rec in results[backend]:
@@ -243,8 +263,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 _WORKER_RECORDS = pytest.StashKey[list]()
-#: how many of the slowest backend tests the outer session lists (its own --durations
-#: only sees the replayed results, which take no time)
+#: how many of the slowest tests run by workers the outer session lists (its own
+#: --durations only sees the replayed results, which take no time)
 SLOWEST_SHOWN = 25
 
 
@@ -253,13 +273,46 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     timed = sorted((r for r in records if r.get("duration")), key=lambda r: -r["duration"])
     if IS_WORKER or not timed:
         return
-    terminalreporter.section(f"slowest {min(SLOWEST_SHOWN, len(timed))} backend tests")
+    terminalreporter.section(f"slowest {min(SLOWEST_SHOWN, len(timed))} tests of the workers")
     for rec in timed[:SLOWEST_SHOWN]:
         terminalreporter.write_line(f"{rec['duration']:8.2f}s {rec['backend']:<10} {rec['nodeid']}")
 
 
+#: jax's persistent compilation cache for every program, however quickly it compiles
+JAX_CACHE_SETTINGS = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+}
+
+
+def _share_jax_compilations(config: pytest.Config) -> None:
+    """Every process this session starts (the jax workers, the conformance targets, the
+    distributed and example runs) keeps what XLA compiles for jax in one persistent
+    cache, a temporary folder removed at the end: a program one process compiled is
+    loaded by the next instead of compiled again. Eager jax compiles each operation per
+    shape and dtype, about 60 ms each on a slow 2-core CPU, against a millisecond or two
+    to load it; the jax workers spent about 70% of their time compiling. A cache the
+    caller set (``JAX_COMPILATION_CACHE_DIR``) is used as it is; a worker uses the folder
+    its session passed down."""
+    if IS_WORKER or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    folder = tempfile.mkdtemp(prefix="multiattn-jax-cache-")
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    os.environ.update({"JAX_COMPILATION_CACHE_DIR": folder, **JAX_CACHE_SETTINGS})
+
+
+def _core_files(config: pytest.Config, items: list) -> list[str]:
+    """The test files of the items collected here (the tests of ``tests/`` itself), to
+    run in the ``core`` worker: none when the run names single tests (``::``), whose
+    selection only this session's own collection keeps exactly."""
+    if any("::" in arg for arg in config.args):
+        return []
+    return sorted({str(item.path) for item in items})
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "backend(name): the Keras backend a replayed test ran on")
+    _share_jax_compilations(config)
 
 
 # --- worker side: per-test results for the outer session ------------------------------
