@@ -151,13 +151,19 @@ class ReplayItem(pytest.Item):
         return self.path, None, self.nodeid
 
 
+def _worker(name: str) -> tuple[Path, dict[str, str | None]]:
+    """A worker's test directory and environment overrides: `WORKERS`, or for `CORE`
+    the tests of ``tests/`` itself with the environment as it is."""
+    return (HERE, {}) if name == CORE else WORKERS[name]
+
+
 def _shares(backend: str, paths: list[str]) -> list[list[str]]:
     """``paths`` as one job, or, for a worker of `SHARDS` asked for its whole directory,
     its test files dealt into that many jobs (largest first, each to the lightest)."""
+    directory = _worker(backend)[0]
     count = SHARDS.get(backend, 1)
-    if count < 2 or paths != [str(WORKERS[backend][0])]:
+    if count < 2 or paths != [str(directory)]:
         return [paths]
-    directory = WORKERS[backend][0]
     files = sorted(directory.glob("test_*.py"), key=lambda f: (-f.stat().st_size, f.name))
     bins: list[tuple[int, list[str]]] = [(0, []) for _ in range(count)]
     for f in files:
@@ -170,7 +176,7 @@ def _shares(backend: str, paths: list[str]) -> list[list[str]]:
 def _run_worker(
     backend: str, paths: list[str], extra: list[str], part: str = ""
 ) -> tuple[str, list[dict], str, float]:
-    directory, overrides = (HERE, {}) if backend == CORE else WORKERS[backend]
+    directory, overrides = _worker(backend)
     timeout = WORKER_TIMEOUT * (2 if backend == CORE else 1)
     env = dict(os.environ)
     env.update({WORKER_ENV: backend, "MULTIATTN_TEST_DIR": str(directory), "PYTHONHASHSEED": "0"})
@@ -269,9 +275,11 @@ SLOWEST_SHOWN = 25
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    if IS_WORKER:
+        return
     records = config.stash.get(_WORKER_RECORDS, [])
     timed = sorted((r for r in records if r.get("duration")), key=lambda r: -r["duration"])
-    if IS_WORKER or not timed:
+    if not timed:
         return
     terminalreporter.section(f"slowest {min(SLOWEST_SHOWN, len(timed))} tests of the workers")
     for rec in timed[:SLOWEST_SHOWN]:
