@@ -24,7 +24,8 @@ from multiattn import reference as ref
 from multiattn._namespace import keras_namespace
 
 RNG = np.random.default_rng(11)
-# jax's namespace maps batches; the others run in one piece whatever the setting
+# jax's and tensorflow's namespaces map batches; the others run in one piece whatever
+# the setting
 MAPS = keras_namespace().maps_batch
 B, H, TQ, TK, D = 4, 4, 9, 7, 8  # TQ: the screen runs before the path (`_screens_scores`)
 
@@ -44,8 +45,8 @@ def slices(monkeypatch):
     return seen
 
 
-def test_only_jax_maps_batches():
-    assert MAPS == (BACKEND == "jax")
+def test_jax_and_tensorflow_map_batches():
+    assert MAPS == (BACKEND in ("jax", "tensorflow"))
 
 
 def _inputs(kv_heads: int = H) -> list[np.ndarray]:
