@@ -29,17 +29,21 @@ loaded and paddle is not.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
+import os
 import string
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from .._contract import Namespace
-from .._namespace import framework_of
+from .._namespace import _leads_with, framework_of
 
 __all__ = ["PaddleNamespace", "check_import_order"]
 
@@ -186,6 +190,54 @@ def _lowercase(subscripts: str) -> str:
     return subscripts.translate(str.maketrans(dict(zip(upper, free))))
 
 
+_POOL: list[ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+_IN_POOL = threading.local()
+
+
+def cpu_threads() -> int:
+    """The threads `_side_by_side` runs pieces on: the CPUs this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _pool() -> ThreadPoolExecutor:
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(cpu_threads(), thread_name_prefix="multiattn-paddle"))
+        return _POOL[0]
+
+
+def _side_by_side(fn: Callable[..., Any], pieces: Sequence[tuple], like: Any) -> list:
+    """``[fn(*piece) for piece in pieces]``, run on a pool of `cpu_threads` threads where
+    that can run them side by side: Paddle releases the interpreter lock inside its
+    kernels, and its CPU kernels use one thread each. Each piece runs under the caller's
+    gradient mode (Paddle keeps it per thread) and a copy of its context variables
+    (`multiattn.config.settings`). In turn instead: tensors off the CPU (a GPU queues
+    kernels anyway), under ``paddle.amp.auto_cast`` (its state is not carried to other
+    threads), on one CPU, and inside a piece already on the pool."""
+    in_turn = (
+        len(pieces) < 2
+        or cpu_threads() < 2
+        or getattr(_IN_POOL, "active", False)
+        or not like.place.is_cpu_place()
+        or paddle.amp.is_autocast_enabled()
+    )
+    if in_turn:
+        return [fn(*piece) for piece in pieces]
+    grad = paddle.is_grad_enabled()
+
+    def run(piece: tuple) -> Any:
+        _IN_POOL.active = True
+        try:
+            with paddle.set_grad_enabled(grad):
+                return fn(*piece)
+        finally:
+            _IN_POOL.active = False
+
+    futures = [_pool().submit(contextvars.copy_context().run, run, p) for p in pieces]
+    return [f.result() for f in futures]
+
+
 class PaddleNamespace(Namespace):
     """``keras.ops`` semantics on ``paddle.Tensor``: the namespace contract
     (`multiattn._contract.Namespace`) the multiattn core uses.
@@ -205,6 +257,13 @@ class PaddleNamespace(Namespace):
     softmax_exact_zeros = False
     #: `write_cache` assigns into the cache tensor (dygraph).
     writes_in_place = True
+    #: `map_batch` runs the slices side by side on the CPU's cores (`_side_by_side`):
+    #: Paddle's CPU kernels run on one thread (its matrix products included), so the
+    #: explicit attention path in slices uses cores that one piece leaves idle. Eager
+    #: calls take it too, and the slice count is timed there
+    #: (`multiattn.tuning.attention_chunks`).
+    maps_batch = True
+    maps_batch_eagerly = True
 
     # --- conversion and dtypes -----------------------------------------------------------
 
@@ -640,6 +699,22 @@ class PaddleNamespace(Namespace):
         once: a gradient taken with ``create_graph=True`` raises ``RuntimeError``
         (``backward`` treats ``saved`` as constants)."""
         return _custom_gradient_layer().apply(forward, backward, *inputs)
+
+    def map_batch(self, fn: Callable[..., Any], args: Sequence[Any], chunks: int) -> Any:
+        """`Namespace.map_batch` with the slices run side by side (`_side_by_side`) and
+        joined by ``paddle.concat``; gradients flow through the slicing and the join
+        (Paddle autograd)."""
+        batch = int(args[0].shape[0])
+        step = batch // chunks
+        sliced = [_leads_with(a, batch) for a in args]
+        pieces = [
+            tuple(a[i * step : (i + 1) * step] if s else a for a, s in zip(args, sliced))
+            for i in range(chunks)
+        ]
+        outs = _side_by_side(fn, pieces, args[0])
+        if isinstance(outs[0], tuple):
+            return tuple(paddle.concat(list(parts), axis=0) for parts in zip(*outs))
+        return paddle.concat(outs, axis=0)
 
     # --- reductions ----------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from typing import Any
 
 # First of all: importing _paddle_ops checks the import order (ImportError when TensorFlow
 # came first) and then imports paddle, before anything below could load TensorFlow.
-from ._paddle_ops import PaddleNamespace, check_import_order
+from ._paddle_ops import PaddleNamespace, check_import_order, cpu_threads
 
 check_import_order()  # a no-op once the import above succeeded; states the invariant
 
@@ -43,8 +43,10 @@ import paddle  # noqa: E402
 if "keras" not in sys.modules and "KERAS_BACKEND" not in os.environ:
     os.environ["KERAS_BACKEND"] = "numpy"
 
+from .. import config, tuning  # noqa: E402
 from .. import ops as core  # noqa: E402
 from .._namespace import framework_of, get_ops, register_namespace  # noqa: E402
+from ..ops.plan import largest_divisor  # noqa: E402
 
 __all__ = ["FILL_VALUE", "DotProductAttention", "MultiHeadAttention", "PaddleNamespace"]
 
@@ -160,11 +162,72 @@ def _document_attention(queries: Any, keys: Any, values: Any, lens: Any, scale: 
     return core.score_attention(scores, values)
 
 
+#: Calls of fewer floating-point operations than this run in one piece, untimed: below
+#: it a thread's start-up is a large part of a slice (about 5 ms of Paddle's one-thread
+#: matrix products on the project's machines).
+SLICE_MIN_FLOPS = 1 << 27
+
+
 class _DocumentAttention(paddle.nn.Layer):
-    """Shared checks of the two document layers."""
+    """Shared checks of the two document layers, and their slices of the batch."""
 
     query_size: int
     query_vec_size: int
+
+    def _over_batch(self, compute: Any, args: tuple, flops: int) -> Any:
+        """``compute(*args)`` (every argument's leading axis the batch), in the slices of
+        the batch `_batch_slices` gives (`PaddleNamespace.map_batch`: side by side on the
+        CPU's cores) or in one piece."""
+        chunks = self._batch_slices(compute, args, flops)
+        return compute(*args) if chunks == 1 else _NS.map_batch(compute, args, chunks)
+
+    def _batch_slices(self, compute: Any, args: tuple, flops: int) -> int:
+        """How many slices of the batch the layer runs in, on the running machine.
+
+        Why it depends on the machine: Paddle's CPU kernels, its matrix products
+        included, run on one thread, so a layer in one piece uses one core; slices run
+        side by side use the others, for the cost of starting them (and smaller score
+        matrices, which stay in cache). ``settings(attention_chunks=n)`` forces at most
+        ``n`` slices. Otherwise 1, 2, 4, 8 and 16 slices (those dividing the batch) are
+        timed forward on the call's own inputs, once per process and class (the layer
+        type, dtype, device, batch, ``query_size`` rounded up to a power of two, the
+        widths, the heads, the threads of the pool); one piece keeps the class unless
+        another count is more than `multiattn.tuning.MARGIN` faster, and counts that tie
+        go to the fewest. Not timed (one piece): calls under `SLICE_MIN_FLOPS`."""
+        batch = int(args[0].shape[0])
+        forced = config.get_attention_chunks()
+        if forced is not None:
+            return largest_divisor(batch, forced)
+        counts = [c for c in (1, 2, 4, 8, 16) if c <= batch and batch % c == 0]
+        if len(counts) == 1:
+            return 1
+        measurable, why = flops >= SLICE_MIN_FLOPS, "a call under SLICE_MIN_FLOPS"
+        cls = {
+            "backend": "paddle",
+            "layer": type(self).__name__,
+            "device": str(args[0].place),
+            "dtype": _NS.dtype_name(args[0]),
+            "batch": batch,
+            "queries": tuning.bucket(self.query_size),
+            **{k: v for k, v in vars(self).items() if k.endswith(("_vec_size", "_num"))},
+            "threads": cpu_threads(),
+        }
+
+        def candidates() -> tuple[dict[str, Any], str]:
+            def timed(c: int) -> Any:
+                def call() -> Any:
+                    with paddle.no_grad():
+                        return compute(*args) if c == 1 else _NS.map_batch(compute, args, c)
+
+                return call
+
+            return {str(c): timed(c) for c in counts}, f"the call's inputs {_fmt(args[0].shape)}"
+
+        choice = tuning.decide(
+            "paddle-batch-slices", cls, candidates, fallback="1", measurable=measurable,
+            reason=why, margin=tuning.MARGIN, prefer=[str(c) for c in counts],
+        )  # fmt: skip
+        return int(choice)
 
     def _inputs(self, where: str, queries: Any, keys: Any, values: Any) -> tuple[Any, ...]:
         dtype = _NS.dtype_name(self.W_q.weight)
@@ -225,6 +288,12 @@ class DotProductAttention(_DocumentAttention):
         where = "DotProductAttention"
         q, k, v, batch = self._inputs(where, queries, keys, values)
         lens = _document_lens(where, valid_lens, batch, self.query_size)
+        t, e, d = self.query_size, self.query_vec_size, self.hidden_vec_size
+        flops = 2 * batch * t * d * (3 * e + 2 * t)
+        return self._over_batch(self._attend, (q, k, v, lens), flops)
+
+    def _attend(self, q: Any, k: Any, v: Any, lens: Any) -> Any:
+        """The document's computation on checked inputs (any slice of the batch)."""
         scale = 1.0 / math.sqrt(self.hidden_vec_size)
         return _document_attention(self.W_q(q), self.W_k(k), self.W_v(v), lens, scale)
 
@@ -292,6 +361,12 @@ class MultiHeadAttention(_DocumentAttention):
         where = "MultiHeadAttention"
         q, k, v, batch = self._inputs(where, queries, keys, values)
         lens = _document_lens(where, valid_lens, batch, self.query_size)
+        t, e, w = self.query_size, self.query_vec_size, self.hidden_vec_size * self.head_num
+        flops = 2 * batch * t * (3 * e * w + 2 * t * w + w * self.output_vec_size)
+        return self._over_batch(self._attend, (q, k, v, lens), flops)
+
+    def _attend(self, q: Any, k: Any, v: Any, lens: Any) -> Any:
+        """The document's computation on checked inputs (any slice of the batch)."""
         heads = [
             core.split_heads(proj(x), self.head_num, layout="interleaved")
             for proj, x in ((self.W_q, q), (self.W_k, k), (self.W_v, v))

@@ -64,6 +64,11 @@ class Namespace(Protocol):
     #: measured by `multiattn.tuning.attention_chunks` in compiled code). False: it runs
     #: in one piece.
     maps_batch: bool = False
+    #: With `maps_batch`: the slices pay in eager calls too (they run side by side, not
+    #: only in a compiled loop), so `multiattn.tuning.attention_chunks` is timed on
+    #: eager calls as on compiled ones. False: eager calls run in one piece unless
+    #: ``attention_chunks`` is set.
+    maps_batch_eagerly: bool = False
 
     # --- conversion, dtypes and shapes ----------------------------------------------------
 

@@ -404,6 +404,7 @@ def test_capabilities_are_read_from_a_namespace():
         fused_attention_pays = False
         softmax_exact_zeros = True
         maps_batch = 1
+        maps_batch_eagerly = 1
 
     caps = Capabilities.of(Namespace())
     assert caps == Capabilities(
@@ -412,6 +413,7 @@ def test_capabilities_are_read_from_a_namespace():
         fused_attention_pays=False,
         softmax_exact_zeros=True,
         maps_batch=True,
+        maps_batch_eagerly=True,
     )
 
 

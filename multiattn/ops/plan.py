@@ -36,6 +36,7 @@ __all__ = [
     "AttentionSpec",
     "Backward",
     "Capabilities",
+    "largest_divisor",
     "plan_attention",
     "wants_backward_timing",
     "wants_blockwise_timing",
@@ -93,6 +94,7 @@ class Capabilities:
     fused_attention_pays: bool = True
     softmax_exact_zeros: bool = False
     maps_batch: bool = False
+    maps_batch_eagerly: bool = False
 
     @classmethod
     def of(cls, ops: Any) -> Capabilities:
@@ -105,6 +107,7 @@ class Capabilities:
             fused_attention_pays=bool(ops.fused_attention_pays),
             softmax_exact_zeros=bool(ops.softmax_exact_zeros),
             maps_batch=bool(ops.maps_batch),
+            maps_batch_eagerly=bool(ops.maps_batch_eagerly),
         )
 
 
@@ -371,12 +374,14 @@ def wants_chunk_timing(spec: AttentionSpec) -> bool:
     """The explicit path's slices of the batch are to be measured
     (`multiattn.tuning.attention_chunks`): none were asked for (``chunks`` None), the
     namespace maps batches, the call is compiled (``traced``: one program runs the
-    slices in a loop; eager calls run in one piece), the batch is known and above 1, and
-    the plan is the explicit path without weights or dropout."""
+    slices) or the namespace's slices pay eagerly too (``maps_batch_eagerly``: Paddle's
+    run side by side; other eager calls run in one piece), the batch is known and above
+    1, and the plan is the explicit path without weights or dropout."""
+    caps = spec.capabilities
     return (
         spec.chunks is None
-        and spec.capabilities.maps_batch
-        and spec.traced
+        and caps.maps_batch
+        and (spec.traced or caps.maps_batch_eagerly)
         and (spec.batch or 0) > 1
         and not spec.needs_matrix
         and plan_attention(spec).path == "explicit"
@@ -397,13 +402,19 @@ def wants_backward_timing(spec: AttentionSpec) -> bool:
     )
 
 
+def largest_divisor(batch: int, wanted: int) -> int:
+    """The largest divisor of ``batch`` not above ``wanted`` (at least 1): the slices of
+    a batch of ``batch`` rows that ``settings(attention_chunks=wanted)`` gives."""
+    return max(d for d in range(1, max(1, min(wanted, batch)) + 1) if batch % d == 0)
+
+
 def _chunks(spec: AttentionSpec) -> int:
-    """The largest divisor of the batch not above ``spec.chunks``; 1 where the namespace
-    does not map batches, the batch is unknown or the whole weight matrix is needed."""
+    """`largest_divisor` of the batch and ``spec.chunks``; 1 where the namespace does
+    not map batches, the batch is unknown or the whole weight matrix is needed."""
     wanted = spec.chunks or 1
     if wanted <= 1 or not spec.capabilities.maps_batch or not spec.batch or spec.needs_matrix:
         return 1
-    return max(d for d in range(1, min(wanted, spec.batch) + 1) if spec.batch % d == 0)
+    return largest_divisor(spec.batch, wanted)
 
 
 def _use_fused(spec: AttentionSpec) -> bool:

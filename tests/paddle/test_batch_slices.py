@@ -1,0 +1,165 @@
+"""Slices of the batch on Paddle: the document layers and the core's explicit attention
+path run over slices side by side on the CPU's threads (`PaddleNamespace.map_batch`),
+forced by ``settings(attention_chunks=n)`` or measured. Values against the float64
+oracle, gradients against the same call in one piece (itself checked against finite
+differences of the oracle in ``test_adapter.py``), the threads, the gradient mode and the
+settings the slices run under, and the measured choice."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import paddle
+import pytest
+from _paddle_support import assert_close, paddle_grads, tensor, to_np
+from multiattn.backends import _paddle_ops
+from multiattn.backends import paddle as adapter
+from test_adapter import HIDDEN, LENS, OUT_TOL, heads_of, inputs, make, oracle, params_of
+
+from multiattn import config, ops, tuning
+from multiattn import reference as ref
+
+RNG = np.random.default_rng(17)
+SIDE_BY_SIDE = _paddle_ops.cpu_threads() >= 2
+
+
+@pytest.fixture
+def slices(monkeypatch):
+    """The slice counts `PaddleNamespace.map_batch` was called with during the test."""
+    seen: list[int] = []
+    original = _paddle_ops.PaddleNamespace.map_batch
+
+    def spy(self, fn, args, chunks):
+        seen.append(chunks)
+        return original(self, fn, args, chunks)
+
+    monkeypatch.setattr(_paddle_ops.PaddleNamespace, "map_batch", spy)
+    return seen
+
+
+def _grads(layer, xs, lens, weights):
+    out = layer(*xs, lens)
+    loss = paddle.sum(out * tensor(weights, "float64"))
+    params = [p for _, p in layer.named_parameters()]
+    return out, paddle_grads(loss, [*params, *xs])
+
+
+@pytest.mark.parametrize("lens", ["none", "int"])
+@pytest.mark.parametrize("kind", ["dot", "mha"])
+@pytest.mark.parametrize(("asked", "taken"), [(2, 2), (4, 4), (3, 2)])
+def test_layer_slices_give_the_oracle_values_and_the_one_piece_gradients(
+    slices, kind, lens, asked, taken
+):
+    layer = make(kind, "float64", seed=4)
+    arrays = inputs(batch=4)
+    xs = [tensor(x, "float64", grad=True) for x in arrays]
+    lens_t = None if LENS[lens] is None else paddle.to_tensor(LENS[lens])
+    weights = RNG.standard_normal((4, *tuple(layer(*xs, lens_t).shape)[1:]))
+    with config.settings(attention_chunks=1):
+        _, want_grads = _grads(layer, xs, lens_t, weights)
+    assert slices == []
+    with config.settings(attention_chunks=asked):
+        out, got_grads = _grads(layer, xs, lens_t, weights)
+    assert slices == [taken]
+    want = oracle(*arrays, LENS[lens], params_of(layer), heads_of(kind), HIDDEN)
+    assert_close(out, want, "float64", OUT_TOL["float64"])
+    # against the largest gradient: W_k.bias's is zero up to rounding (see test_adapter)
+    scale = max(np.abs(g).max() for g in want_grads)
+    for got, expected in zip(got_grads, want_grads):
+        assert np.abs(got - expected).max() <= 1e-12 * scale
+
+
+def test_slices_run_on_the_pool_under_the_callers_gradient_mode_and_settings(monkeypatch):
+    layer = make("mha", seed=5)
+    seen = []
+    attend = layer._attend
+
+    def spy(*args):
+        seen.append(
+            (
+                threading.current_thread().name,
+                paddle.is_grad_enabled(),
+                config.get_attention_chunks(),
+            )
+        )
+        return attend(*args)
+
+    monkeypatch.setattr(layer, "_attend", spy)
+    xs = [tensor(x) for x in inputs(batch=4)]
+    with config.settings(attention_chunks=4):
+        with paddle.no_grad():
+            out = layer(*xs)
+        assert out.stop_gradient
+        grad_out = layer(*(tensor(x, grad=True) for x in inputs(batch=4)))
+    assert not grad_out.stop_gradient
+    names = {name.startswith("multiattn-paddle") for name, _, _ in seen}
+    assert names == {SIDE_BY_SIDE}, seen
+    assert [grad for _, grad, _ in seen] == [False] * 4 + [True] * 4
+    assert {chunks for _, _, chunks in seen} == {4}
+
+
+def test_a_large_call_measures_the_slices_once_per_class(slices):
+    tuning.reset()
+    # 2 * 4 * 256 * (3*128*128 + 2*256*128 + 128*128) flops: above SLICE_MIN_FLOPS
+    layer = adapter.MultiHeadAttention(256, 128, 32, 128, 4)
+    x = tensor(RNG.standard_normal((4, 256, 128)))
+    with paddle.no_grad():
+        first = layer(x, x, x)
+        second = layer(x, x, x)
+    found = [d for d in tuning.decisions() if d["op"] == "paddle-batch-slices"]
+    assert len(found) == 1 and found[0]["how"] == "measured", found
+    assert set(found[0]["median_ms"]) == {"1", "2", "4"}
+    choice = int(found[0]["choice"])
+    # the candidates above one piece were timed, then two calls took the choice
+    assert set(slices) == {2, 4}
+    if choice > 1:
+        assert slices[-2:] == [choice, choice]
+    assert_close(first, to_np(second), "float32", 1e-6)
+    tuning.reset()
+
+
+def test_a_small_call_runs_in_one_piece_untimed(slices):
+    tuning.reset()
+    layer = make("mha")
+    layer(*(tensor(x) for x in inputs(batch=4)))
+    found = [d for d in tuning.decisions() if d["op"] == "paddle-batch-slices"]
+    assert [(d["choice"], d["how"]) for d in found] == [("1", "fallback")]
+    assert "SLICE_MIN_FLOPS" in found[0]["reason"]
+    assert slices == []
+    tuning.reset()
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "lengths"])
+def test_core_attention_slices_give_the_oracle_values_and_gradients(slices, mask):
+    b, h, t, d = 4, 2, 6, 3
+    arrays = [RNG.standard_normal((b, h, t, d)) for _ in range(3)]
+    kw = {"none": {}, "causal": {"causal": True}, "lengths": {"valid_lens": [6, 0, 2, 5]}}[mask]
+    xs = [tensor(a, "float64", grad=True) for a in arrays]
+    g = RNG.standard_normal((b, h, t, d))
+
+    def run(chunks):
+        with config.settings(attention_chunks=chunks, fused_attention=False):
+            out = ops.scaled_dot_product_attention(*xs, **kw)
+        return out, paddle_grads(paddle.sum(out * tensor(g, "float64")), xs)
+
+    want_out, want_grads = run(1)
+    out, grads = run(2)
+    assert slices == [2]
+    assert_close(out, ref.scaled_dot_product_attention(*arrays, **kw)[0], "float64")
+    assert_close(want_out, to_np(out), "float64")
+    for got, expected in zip(grads, want_grads):
+        assert_close(got, expected, "float64")
+
+
+def test_core_attention_measures_the_slices_in_eager_calls():
+    tuning.reset()
+    # scores of 8 * 4 * 128 * 128 float32 = 2 MiB, above CHUNK_MIN_BYTES
+    q, k, v = (tensor(RNG.standard_normal((8, 4, 128, 16))) for _ in range(3))
+    with config.settings(fused_attention=False):
+        got = ops.scaled_dot_product_attention(q, k, v)
+    want = ref.scaled_dot_product_attention(*(to_np(t) for t in (q, k, v)))[0]
+    assert_close(got, want, "float32")
+    found = [d for d in tuning.decisions() if d["op"] == "attention-chunks"]
+    assert len(found) == 1 and found[0]["how"] == "measured", found
+    tuning.reset()
