@@ -278,14 +278,19 @@ def settings(
             batch in turn: the largest divisor of the batch not above it, so ``8`` runs a
             batch of 6 in 6 slices and a batch of 1 in one piece. 1 runs it in one
             piece; None (the default) measures the fastest count on the running machine
-            for compiled calls (``jax.jit``), once per shape class
-            (`multiattn.tuning.attention_chunks`), and runs eager calls in one piece.
-            A positive int. The slices hold a smaller score matrix each: on XLA:CPU,
-            whose buffers of a call are fresh memory, that is fewer pages for the kernel
-            to hand out and zero on every call. Not with the weights or dropout (they
-            need the whole matrix), and only on a namespace that maps batches (jax's,
-            whose slices are rematerialised, so the backward pass runs in slices too);
-            elsewhere one piece.
+            for compiled calls (``jax.jit``, ``tf.function``), once per shape class
+            (`multiattn.tuning.attention_chunks`), and runs eager calls in one piece
+            (except on Paddle, measured there too). A positive int. The slices hold a
+            smaller score matrix each: on XLA:CPU, whose buffers of a call are fresh
+            memory, that is fewer pages for the kernel to hand out and zero on every
+            call; TensorFlow runs its slices side by side on its inter-op threads, and
+            Paddle on a pool of one thread per CPU (its CPU kernels use one thread
+            each). Not with the weights or dropout (they need the whole matrix), and
+            only on a namespace that maps batches (jax's, whose slices are
+            rematerialised, so the backward pass runs in slices too; TensorFlow's;
+            Paddle's); elsewhere one piece. The Paddle document layers
+            (`multiattn.backends.paddle`) run their whole computation in at most this
+            many slices (measured when None).
         attention_backward: how the explicit attention path (without weights, dropout
             or bias) is differentiated. ``"autodiff"``: by the framework's automatic
             differentiation. ``"recompute"``: by a backward pass of its own
@@ -433,8 +438,8 @@ def get_blockwise_attention() -> bool | None:
 
 def get_attention_chunks() -> int | None:
     """The innermost `settings` value of ``attention_chunks``: at most that many slices
-    of the batch for the explicit attention path, or None (measured in compiled calls,
-    one piece in eager ones)."""
+    of the batch for the explicit attention path, or None (measured in compiled calls
+    and on Paddle, one piece in other eager calls)."""
     return _scoped.get().get("attention_chunks")
 
 

@@ -41,9 +41,14 @@ Choices made this way:
   (Keras symbolic tensors, ``torch.compile``) the namespace's ``fused_attention_pays``
   applies.
 * ``attention-chunks``: how many slices of the batch the explicit attention path runs
-  over under ``jax.jit`` (`attention_chunks`: 1, 2, 4, 8 or 16, timed at the call's full
-  size; the namespaces that map batches, jax's); ``settings(attention_chunks=n)``
-  forces one; eager calls and small score matrices run in one piece.
+  over (`attention_chunks`: 1, 2, 4, 8 or 16, timed at the call's full size; the
+  namespaces that map batches: jax's and TensorFlow's in compiled calls, Paddle's in
+  eager calls too, its slices running side by side on the CPU's threads);
+  ``settings(attention_chunks=n)`` forces one; other eager calls and small score
+  matrices run in one piece.
+* ``paddle-batch-slices``: how many slices of the batch the Paddle document layers
+  (`multiattn.backends.paddle`) run in, side by side (timed on the call's own inputs;
+  ``settings(attention_chunks=n)`` forces at most ``n``).
 * ``attention-backward``: whether the explicit attention path is differentiated
   automatically or by its own backward pass (`multiattn.ops.explicit_grad`), which
   recomputes the weights or reads those the forward pass saved (`attention_backward`,
@@ -658,6 +663,11 @@ def attention_chunks(
     (one piece): score matrices under `CHUNK_MIN_BYTES`,
     sizes unknown at trace time, and where nothing can be timed (Keras symbolic tensors,
     ``torch.compile``).
+
+    TensorFlow's slices are written out side by side in the graph and run on its
+    inter-op threads; Paddle's run side by side on a pool of one thread per CPU, and are
+    timed in eager calls too (``maps_batch_eagerly``): there the reason is not pages
+    but cores, Paddle's CPU kernels running on one thread each.
     """
     sizes, cls, how, measurable, why = _attention_class(ops, query, key, value, kv_heads_first)
     measurable, why = _at_full_size(sizes, cls, measurable, why)

@@ -24,6 +24,7 @@ from multiattn.ops.plan import (
     AttentionPlan,
     AttentionSpec,
     Capabilities,
+    largest_divisor,
     plan_attention,
     wants_backward_timing,
     wants_blockwise_timing,
@@ -345,6 +346,21 @@ def test_chunk_timing_is_wanted_only_for_compiled_explicit_calls_with_a_batch():
         assert not wants_chunk_timing(
             spec(**{"batch": 8, "capabilities": MAPS, "traced": True, **kw})
         )
+
+
+def test_chunk_timing_is_wanted_in_eager_calls_where_the_slices_pay_eagerly():
+    eager = Capabilities(maps_batch=True, maps_batch_eagerly=True)  # Paddle's
+    assert wants_chunk_timing(spec(batch=8, capabilities=eager, traced=False))
+    assert not wants_chunk_timing(spec(batch=8, capabilities=MAPS, traced=False))
+    for kw in ({"chunks": 2}, {"batch": 1}, {"weights": True}):
+        assert not wants_chunk_timing(spec(**{"batch": 8, "capabilities": eager, **kw}))
+
+
+@pytest.mark.parametrize(
+    ("batch", "wanted", "slices"), [(8, 4, 4), (6, 4, 3), (7, 4, 1), (2, 8, 2), (5, 1, 1)]
+)
+def test_the_largest_divisor_not_above_the_setting(batch, wanted, slices):
+    assert largest_divisor(batch, wanted) == slices
 
 
 # --- the explicit path's own backward pass ------------------------------------------------
