@@ -190,7 +190,9 @@ def _lowercase(subscripts: str) -> str:
     return subscripts.translate(str.maketrans(dict(zip(upper, free))))
 
 
-_POOL: list[ThreadPoolExecutor] = []
+#: The pool of `_side_by_side` and the process that made it (a forked child makes its
+#: own: the parent's threads do not exist there).
+_POOL: dict[int, ThreadPoolExecutor] = {}
 _POOL_LOCK = threading.Lock()
 _IN_POOL = threading.local()
 
@@ -201,10 +203,12 @@ def cpu_threads() -> int:
 
 
 def _pool() -> ThreadPoolExecutor:
+    pid = os.getpid()
     with _POOL_LOCK:
-        if not _POOL:
-            _POOL.append(ThreadPoolExecutor(cpu_threads(), thread_name_prefix="multiattn-paddle"))
-        return _POOL[0]
+        if pid not in _POOL:
+            _POOL.clear()
+            _POOL[pid] = ThreadPoolExecutor(cpu_threads(), thread_name_prefix="multiattn-paddle")
+        return _POOL[pid]
 
 
 def _side_by_side(fn: Callable[..., Any], pieces: Sequence[tuple], like: Any) -> list:

@@ -7,6 +7,9 @@ settings the slices run under, and the measured choice."""
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import threading
 
 import numpy as np
@@ -163,3 +166,31 @@ def test_core_attention_measures_the_slices_in_eager_calls():
     found = [d for d in tuning.decisions() if d["op"] == "attention-chunks"]
     assert len(found) == 1 and found[0]["how"] == "measured", found
     tuning.reset()
+
+
+def test_a_forked_child_runs_its_slices_on_a_pool_of_its_own():
+    if not hasattr(os, "fork") or not SIDE_BY_SIDE:
+        pytest.skip("no fork, or one CPU: the slices run in turn")
+    layer = make("mha", seed=6)
+    xs = [tensor(x) for x in inputs(batch=4)]
+    with config.settings(attention_chunks=2):
+        want = to_np(layer(*xs))  # the parent's pool exists now
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: exits with 0 when its call finished and agreed
+            code = 1
+            try:
+                code = 0 if np.allclose(to_np(layer(*xs)), want, rtol=1e-6, atol=1e-6) else 2
+            finally:
+                os.write(write, bytes([code]))
+                os._exit(code)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], 120)
+        assert ready, "the forked child's sliced call did not finish in 120 s"
+        assert os.read(read, 1) == b"\x00"
+    finally:
+        os.close(read)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
