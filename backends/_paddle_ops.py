@@ -216,13 +216,15 @@ def _side_by_side(fn: Callable[..., Any], pieces: Sequence[tuple], like: Any) ->
     that can run them side by side: Paddle releases the interpreter lock inside its
     kernels, and its CPU kernels use one thread each. Each piece runs under the caller's
     gradient mode (Paddle keeps it per thread) and a copy of its context variables
-    (`multiattn.config.settings`). In turn instead: tensors off the CPU (a GPU queues
-    kernels anyway), under ``paddle.amp.auto_cast`` (its state is not carried to other
-    threads), on one CPU, and inside a piece already on the pool."""
+    (`multiattn.config.settings`). In turn instead: static-graph values
+    (``paddle.jit.to_static``: the pieces are written into one program), tensors off the
+    CPU (a GPU queues kernels anyway), under ``paddle.amp.auto_cast`` (its state is not
+    carried to other threads), on one CPU, and inside a piece already on the pool."""
     in_turn = (
         len(pieces) < 2
         or cpu_threads() < 2
         or getattr(_IN_POOL, "active", False)
+        or not isinstance(like, paddle.Tensor)
         or not like.place.is_cpu_place()
         or paddle.amp.is_autocast_enabled()
     )

@@ -194,3 +194,17 @@ def test_a_forked_child_runs_its_slices_on_a_pool_of_its_own():
         if not ready:
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def test_a_static_graph_takes_the_slices_in_one_program(slices):
+    from multiattn.paddle import layers
+
+    layer = layers.MultiHeadAttention(2, 4)
+    layer.eval()
+    x = tensor(RNG.standard_normal((4, 6, 8)))
+    want = to_np(layer(x, x, causal=True))
+    with config.settings(attention_chunks=2):
+        static = paddle.jit.to_static(layer)
+        got = static(x, x, causal=True)
+    assert 2 in slices
+    assert_close(got, want, "float32", 1e-6)
