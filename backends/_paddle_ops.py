@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .._contract import Namespace
-from .._namespace import _leads_with, framework_of
+from .._namespace import batch_pieces, framework_of, join_pieces
 
 __all__ = ["PaddleNamespace", "check_import_order"]
 
@@ -710,17 +710,8 @@ class PaddleNamespace(Namespace):
         """`Namespace.map_batch` with the slices run side by side (`_side_by_side`) and
         joined by ``paddle.concat``; gradients flow through the slicing and the join
         (Paddle autograd)."""
-        batch = int(args[0].shape[0])
-        step = batch // chunks
-        sliced = [_leads_with(a, batch) for a in args]
-        pieces = [
-            tuple(a[i * step : (i + 1) * step] if s else a for a, s in zip(args, sliced))
-            for i in range(chunks)
-        ]
-        outs = _side_by_side(fn, pieces, args[0])
-        if isinstance(outs[0], tuple):
-            return tuple(paddle.concat(list(parts), axis=0) for parts in zip(*outs))
-        return paddle.concat(outs, axis=0)
+        pieces = batch_pieces(args, chunks)
+        return join_pieces(_side_by_side(fn, pieces, args[0]), paddle.concat)
 
     # --- reductions ----------------------------------------------------------------------
 

@@ -168,6 +168,12 @@ def _document_attention(queries: Any, keys: Any, values: Any, lens: Any, scale: 
 SLICE_MIN_FLOPS = 1 << 27
 
 
+def _in_slices(compute: Any, args: tuple, chunks: int) -> Any:
+    """``compute(*args)`` in one piece, or over ``chunks`` slices of the batch side by
+    side (`PaddleNamespace.map_batch`)."""
+    return compute(*args) if chunks == 1 else _NS.map_batch(compute, args, chunks)
+
+
 class _DocumentAttention(paddle.nn.Layer):
     """Shared checks of the two document layers, and their slices of the batch."""
 
@@ -178,8 +184,7 @@ class _DocumentAttention(paddle.nn.Layer):
         """``compute(*args)`` (every argument's leading axis the batch), in the slices of
         the batch `_batch_slices` gives (`PaddleNamespace.map_batch`: side by side on the
         CPU's cores) or in one piece."""
-        chunks = self._batch_slices(compute, args, flops)
-        return compute(*args) if chunks == 1 else _NS.map_batch(compute, args, chunks)
+        return _in_slices(compute, args, self._batch_slices(compute, args, flops))
 
     def _batch_slices(self, compute: Any, args: tuple, flops: int) -> int:
         """How many slices of the batch the layer runs in, on the running machine.
@@ -217,7 +222,7 @@ class _DocumentAttention(paddle.nn.Layer):
             def timed(c: int) -> Any:
                 def call() -> Any:
                     with paddle.no_grad():
-                        return compute(*args) if c == 1 else _NS.map_batch(compute, args, c)
+                        return _in_slices(compute, args, c)
 
                 return call
 

@@ -131,6 +131,27 @@ def _leads_with(x: Any, batch: int) -> bool:
     return bool(shape) and shape[0] == batch
 
 
+def batch_pieces(args: Sequence[Any], chunks: int) -> list[tuple]:
+    """The arguments of each of ``chunks`` equal slices of the batch (``args[0]``'s
+    static leading size): an argument that leads with the batch is sliced, any other is
+    passed whole (`Namespace.map_batch`'s contract)."""
+    batch = int(args[0].shape[0])
+    step = batch // chunks
+    sliced = [_leads_with(a, batch) for a in args]
+    return [
+        tuple(a[i * step : (i + 1) * step] if s else a for a, s in zip(args, sliced))
+        for i in range(chunks)
+    ]
+
+
+def join_pieces(outs: list, concat: Callable[..., Any]) -> Any:
+    """The outputs of the slices of `batch_pieces` joined on the batch axis by
+    ``concat(list, axis=0)``: one array, or a tuple of them where each slice gave one."""
+    if isinstance(outs[0], tuple):
+        return tuple(concat(list(parts), axis=0) for parts in zip(*outs))
+    return concat(outs, axis=0)
+
+
 class KerasNamespace(Namespace):
     """The contract on ``keras.ops`` of the running Keras backend.
 
@@ -743,16 +764,7 @@ class _TensorFlowNamespace(KerasNamespace):
         those of the slices, through the slicing and the ``concat``."""
         import tensorflow as tf
 
-        batch = int(args[0].shape[0])
-        step = batch // chunks
-        sliced = tuple(_leads_with(a, batch) for a in args)
-        outs = [
-            fn(*(a[i * step : (i + 1) * step] if s else a for a, s in zip(args, sliced)))
-            for i in range(chunks)
-        ]
-        if isinstance(outs[0], tuple):
-            return tuple(tf.concat(parts, axis=0) for parts in zip(*outs))
-        return tf.concat(outs, axis=0)
+        return join_pieces([fn(*piece) for piece in batch_pieces(args, chunks)], tf.concat)
 
     def linear(self, x: Any, kernel: Any, bias: Any = None, contract: int = 1) -> Any:
         """`KerasNamespace.linear` as one matrix product and a ``BiasAdd``
