@@ -35,12 +35,15 @@ def value_and_grad(
     """Run ``fn(args) -> (scalar loss, outputs)``; return outputs and d loss / d args.
 
     ``framework`` is ``"jax"``, ``"torch"``, ``"tensorflow"`` or ``"paddle"``; any other
-    value (``"numpy"``) computes outputs only.
+    value (``"numpy"``) computes outputs only. On jax the whole computation runs under
+    ``jax.jit``.
     """
     if framework == "jax":
         import jax
 
-        (_, outputs), grads = jax.value_and_grad(fn, has_aux=True)(args)
+        # compiled, as jax programs run (one XLA program per case: eager dispatch compiled
+        # every primitive of every new shape, about three times slower)
+        (_, outputs), grads = jax.jit(jax.value_and_grad(fn, has_aux=True))(args)
     elif framework == "torch":
         import torch
 

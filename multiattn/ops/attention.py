@@ -333,9 +333,14 @@ def _screens_scores(how: plan.AttentionPlan, spec: plan.AttentionSpec) -> bool:
     fully masked row's output is 0 whatever the values hold. Taken when the scores and
     output, ``B*H*Tq*(Tk + Dv)`` entries, are fewer than the keys and values,
     ``B*Tk*Hkv*(D + Dv)``: a decoding step through a long cache sums a row of scores
-    instead of the whole cache. Not with dropout (the exact branch would draw again)."""
+    instead of the whole cache. Not with dropout (the exact branch would draw again), and
+    only in eager calls, where ``cond`` runs one branch: in a traced call (``jax.jit``,
+    ``tf.function``, a recording) the gradient of the discarded fast result still flows
+    back through its products, and a zero cotangent times a non-finite key is NaN (the
+    query's and keys' gradients came out NaN under ``jax.jit(jax.grad(...))``); the
+    screen before the path replaces those entries first, which is exact there too."""
     sizes = (spec.heads, spec.kv_heads, spec.queries, spec.keys, spec.key_width, spec.value_width)
-    if how.path != "explicit" or how.dropout or None in sizes:
+    if how.path != "explicit" or how.dropout or spec.traced or None in sizes:
         return False
     heads, kv_heads, queries, keys, width, value_width = sizes
     return heads * queries * (keys + value_width) < keys * kv_heads * (width + value_width)

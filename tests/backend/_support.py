@@ -61,14 +61,18 @@ def requires_grad():
         pytest.skip("the numpy backend is inference only")
 
 
-def gradients(fn, *args):
-    """Gradients of the scalar ``fn(*tensors)`` with respect to every argument (NumPy)."""
+def gradients(fn, *args, compiled: bool = False):
+    """Gradients of the scalar ``fn(*tensors)`` with respect to every argument (NumPy);
+    ``compiled``: the whole gradient computation under the backend's `compiler`."""
     requires_grad()
     if BACKEND == "jax":
         import jax
 
-        return [to_np(g) for g in jax.grad(fn, argnums=tuple(range(len(args))))(*args)]
+        grad = jax.grad(fn, argnums=tuple(range(len(args))))
+        return [to_np(g) for g in (compiler()(grad) if compiled else grad)(*args)]
     if BACKEND == "torch":
+        if compiled:
+            compiler()  # skips
         import torch
 
         leaves = [a.detach().clone().requires_grad_(True) for a in args]
@@ -77,9 +81,13 @@ def gradients(fn, *args):
     import tensorflow as tf
 
     leaves = [tf.Variable(a) for a in args]
-    with tf.GradientTape() as tape:
-        value = fn(*leaves)
-    grads = tape.gradient(value, leaves)
+
+    def grad():
+        with tf.GradientTape() as tape:
+            value = fn(*leaves)
+        return tape.gradient(value, leaves)
+
+    grads = (compiler()(grad) if compiled else grad)()
     return [np.zeros(tuple(a.shape)) if g is None else to_np(g) for a, g in zip(leaves, grads)]
 
 

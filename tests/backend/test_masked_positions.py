@@ -151,12 +151,14 @@ def test_a_position_no_row_attends_has_no_effect(dtype, path, poison, kind, wher
         assert np.isnan(got[sees_bad]).all()
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("poison", ["nan", "inf", "huge"])
-def test_gradients_ignore_masked_positions(path, poison):
+def test_gradients_ignore_masked_positions(path, poison, compiled):
     """Gradients with NaN, infinities or 1e30 at the positions no row attends equal the
     oracle's gradients of the clean inputs (central differences), and are exactly 0 at
-    those positions."""
+    those positions; eagerly and with the whole gradient compiled (``jax.jit``,
+    ``tf.function``: there both branches of the screen's ``cond`` are in the program)."""
     if not HAS_GRAD:
         pytest.skip("the numpy backend is inference only")
     dtype = "float64"
@@ -173,7 +175,7 @@ def test_gradients_ignore_masked_positions(path, poison):
         out = out[0] if path == "explicit" else out
         return keras.ops.sum(out * cast(g, dtype))
 
-    got = gradients(loss, *(cast(a, dtype) for a in (q, kp, vp)))
+    got = gradients(loss, *(cast(a, dtype) for a in (q, kp, vp)), compiled=compiled)
 
     def oracle(q_, k_, v_):
         return float(
