@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import inspect
 import itertools
 from typing import Any
@@ -180,6 +181,23 @@ def _finite(caches: Any) -> bool:
     return bool(keras.ops.convert_to_numpy(finite))
 
 
+#: How many groups of rows `GenerationMixin._decode` runs side by side now (1 outside it).
+_GROUPS: contextvars.ContextVar[int] = contextvars.ContextVar("multiattn_groups", default=1)
+
+
+def _side_by_side(fn, count: int):
+    """``fn`` run ``count`` times at once, in threads of their own (as `_decode` runs its
+    groups); ``fn`` itself for one."""
+    if count == 1:
+        return fn
+
+    def run() -> list:
+        with concurrent.futures.ThreadPoolExecutor(count) as pool:
+            return [f.result() for f in [pool.submit(fn) for _ in range(count)]]
+
+    return run
+
+
 def _without_unit_axes(caches: Any) -> Any:
     """Each cache ``(B, H_kv, L, D)`` with its batch and head axes dropped where they are
     1, as the compiled loop carries it (`_with_unit_axes` restores them in each step).
@@ -306,14 +324,11 @@ class GenerationMixin:
         if len(groups) == 1:
             return self._decode_rows(ids, mask, new, options, eos, pad)
         self._prefill_step()  # made once here, not by each thread
-        with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
-            # each thread runs in a copy of the caller's context (its `settings` blocks)
-            runs = [
-                pool.submit(contextvars.copy_context().run, self._decode_rows,
-                            ids[rows], mask[rows], new, options, eos, pad)
-                for rows in groups
-            ]  # fmt: skip
-            outs = [run.result() for run in runs]
+        token = _GROUPS.set(len(groups))  # seen by the threads' copies of the context
+        try:
+            outs = self._decode_groups(groups, ids, mask, new, options, eos, pad)
+        finally:
+            _GROUPS.reset(token)
         # a group whose rows all ended is shorter (only with end ids, hence a pad id)
         width = max(out.shape[1] for out in outs)
         outs = [
@@ -322,6 +337,17 @@ class GenerationMixin:
             for o in outs
         ]  # fmt: skip
         return np.concatenate(outs, axis=0)
+
+    def _decode_groups(self, groups, ids, mask, new, options, eos, pad) -> list:
+        """`_decode_rows` of each group of rows, side by side in threads of their own."""
+        with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
+            # each thread runs in a copy of the caller's context (its `settings` blocks)
+            runs = [
+                pool.submit(contextvars.copy_context().run, self._decode_rows,
+                            ids[rows], mask[rows], new, options, eos, pad)
+                for rows in groups
+            ]  # fmt: skip
+            return [run.result() for run in runs]
 
     def _row_groups(self, batch: int, options: dict) -> list[slice]:
         """The groups of rows `_decode` decodes in threads of their own: greedy decoding in
@@ -440,7 +466,7 @@ class GenerationMixin:
         kept = self.__dict__.get("_multiattn_loop")
         if kept is None:
             kept = self.__dict__["_multiattn_loop"] = self._compile(
-                self._greedy, static=("new", "eos", "pad")
+                self._greedy, static=("new", "eos", "pad"), choose_ynn=True
             )
         return kept
 
@@ -488,7 +514,7 @@ class GenerationMixin:
             self.__dict__["_multiattn_prefill"] = kept
         return kept
 
-    def _compile(self, fn, static: tuple = (), donate: str | None = None):
+    def _compile(self, fn, static: tuple = (), donate: str | None = None, choose_ynn=False):
         """``fn`` (a method of this model) compiled by XLA.
 
         On TensorFlow, ``tf.function(jit_compile=True)``, traced once per set of shapes
@@ -502,11 +528,13 @@ class GenerationMixin:
         the `owned_caches` block in force at the call (`cache_scope`) and the settings
         that shape attention (`multiattn.config.fingerprint`) are arguments that select
         the trace: a trace made under one block or one setting is not reused under
-        another.
+        another. ``choose_ynn`` (jax, the decoding loop): the function is compiled with
+        and without XLA:CPU's YNNPACK fusions, and each call runs the one `_ynn_fusions`
+        chooses.
 
         The returned function has an ``optimized_hlo(*args)`` attribute: XLA's optimised
         program for those arguments, as text (the tests read it for copies of a cache)."""
-        from .. import config
+        from .. import config, tuning
 
         names = list(inspect.signature(fn).parameters)
         if self._backend() == "tensorflow":
@@ -534,17 +562,72 @@ class GenerationMixin:
                 with enter_cache_scope(scope):
                     return fn(*args)
 
-        compiled = jax.jit(
+        jit = functools.partial(
+            jax.jit,
             pure,
             static_argnums=(1, 2, *(3 + names.index(n) for n in static)),
             donate_argnums=() if donate is None else (3 + names.index(donate),),
         )
+        compiled = jit()
+        without_ynn = jit(compiler_options=tuning.NO_YNN_FUSIONS) if choose_ynn else None
 
         def leading() -> tuple:
             return [v.value for v in variables], cache_scope(), config.fingerprint()
 
-        def call(*args):
-            return compiled(*leading(), *args)
+        def chosen(head: tuple, args: tuple):
+            if without_ynn is None or self._ynn_fusions(compiled, without_ynn, head, args):
+                return compiled
+            return without_ynn
 
-        call.optimized_hlo = lambda *args: compiled.lower(*leading(), *args).compile().as_text()
+        def call(*args):
+            head = leading()
+            return chosen(head, args)(*head, *args)
+
+        def optimized_hlo(*args):
+            head = leading()
+            return chosen(head, args).lower(*head, *args).compile().as_text()
+
+        call.optimized_hlo = optimized_hlo
         return call
+
+    def _ynn_fusions(self, with_ynn, without_ynn, head: tuple, args: tuple) -> bool:
+        """Whether the decoding loop runs with XLA:CPU's YNNPACK fusions (jax's default)
+        on ``args`` (`_greedy`'s: logits, state, new, ...): `multiattn.tuning.
+        ynn_fusions_pay` on this call's own inputs, per shape class (the model's class,
+        rows, prompt, cache bytes, new tokens, dtype, groups of rows); True off jax's
+        CPU backend. Where `_decode` runs groups of rows side by side, each candidate is
+        timed as that many copies of this loop side by side: timed alone, a loop with
+        the fusions won (Llama shape, 4 rows, 173 against 179 ms) where two side by side
+        lost (3.12 against 2.00 ms per step)."""
+        import jax
+
+        from .. import tuning
+
+        if jax.default_backend() != "cpu":
+            return True
+        logits, state, new = args[:3]
+        caches = keras.tree.flatten(state["caches"])
+        cache_bytes = sum(int(np.prod(c.shape)) * c.dtype.itemsize for c in caches)
+        weight_bytes = sum(int(v.value.nbytes) for v in self.variables)
+        cls = {
+            "model": type(self).__name__,
+            "rows": tuning.bucket(logits.shape[0]),
+            "prompt": tuning.bucket(state["seq"]),
+            "cache": tuning.bucket(cache_bytes),
+            "new": tuning.bucket(new),
+            "dtype": str(logits.dtype),
+            "groups": _GROUPS.get(),
+        }
+
+        def candidate(compiled):
+            def run():
+                return compiled(*head, *args)
+
+            # traced and compiled here, in the thread that holds the tuning lock (the
+            # trace reads other decisions, which a thread of its own would wait for)
+            jax.block_until_ready(run())
+            return _side_by_side(run, cls["groups"])
+
+        return tuning.ynn_fusions_pay(
+            lambda: candidate(with_ynn), lambda: candidate(without_ynn), cls, weight_bytes
+        )

@@ -659,3 +659,69 @@ def test_keras_serialization_round_trip(tmp_path, case):
     ids, mask = _batch()
     want = to_np(layer(ids, mask)["logits"])
     np.testing.assert_array_equal(to_np(again(ids, mask)["logits"]), want)
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
+@pytest.mark.parametrize("ynn", [True, False, None], ids=["with-ynn", "without-ynn", "measured"])
+def test_the_decoding_loop_with_or_without_ynn_fusions_gives_the_same_tokens(
+    tmp_path, monkeypatch, ynn, threads
+):
+    """jax: greedy generate's compiled loop with XLA:CPU's YNNPACK fusions (XLA's default,
+    ``settings(ynn_fusions=True)``) or without (``False``) gives the tokens of the Python
+    loop, and a forced choice times nothing; unset (None), the choice is timed once per
+    shape class (the weight floor lowered for this tiny model) and recorded with both
+    loops' medians; with two groups of rows, timed as two loops side by side (their
+    traces read other decisions under the lock the timing holds)."""
+    if BACKEND != "jax":
+        pytest.skip("XLA:CPU's YNNPACK fusions: jax's compiled loop")
+    from multiattn import config, tuning
+
+    _build("gpt2", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids, mask = _batch()
+    args = {"attention_mask": mask, "max_new_tokens": 6}
+    with config.settings(compiled_loop=False):
+        want = model.generate(ids, **args)
+    monkeypatch.setattr(tuning, "DECODE_MIN_WEIGHT_BYTES", 0)
+    tuning.reset()
+    with config.settings(ynn_fusions=ynn, decode_threads=threads):
+        got = [model.generate(ids, **args) for _ in range(2)]
+    for tokens in got:
+        np.testing.assert_array_equal(tokens, want)
+    made = [d for d in tuning.decisions() if d["op"] == "xla-ynn-fusions"]
+    if ynn is not None:
+        assert made == []
+        return
+    assert len(made) == 1, made
+    assert made[0]["how"] == "measured" and set(made[0]["median_ms"]) == {"ynn", "xla"}
+    assert made[0]["choice"] in ("ynn", "xla")
+    rows = made[0]["shape_class"]["rows"], made[0]["shape_class"]["groups"]
+    assert rows == ((2, 1) if threads == 1 else (1, 2))
+
+
+def test_a_small_model_keeps_xla_default_untimed_and_the_option_exists(tmp_path):
+    """Under `DECODE_MIN_WEIGHT_BYTES` of weights the loop keeps XLA's default and times
+    nothing (a fallback decision says why); the compiler option that turns the YNNPACK
+    fusions off is one this jax knows (an unknown option fails to compile), and the
+    program compiled with it holds no YNN fusion."""
+    if BACKEND != "jax":
+        pytest.skip("XLA:CPU's YNNPACK fusions: jax's compiled loop")
+    import jax
+
+    from multiattn import config, tuning
+
+    _build("gpt2", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids, mask = _batch()
+    tuning.reset()
+    with config.settings(decode_threads=1):
+        model.generate(ids, attention_mask=mask, max_new_tokens=3)
+    made = [d for d in tuning.decisions() if d["op"] == "xla-ynn-fusions"]
+    assert [(d["how"], d["choice"]) for d in made] == [("fallback", "ynn")]
+    assert "MiB" in made[0]["reason"]
+    x, w = np.ones((8, 256), "float32"), np.ones((256, 512), "float32")
+    plain = jax.jit(lambda a, b: a @ b, compiler_options=tuning.NO_YNN_FUSIONS)
+    assert "ynn" not in plain.lower(x, w).compile().as_text().lower()
+    with pytest.raises(TypeError, match="ynn_fusions"):
+        with config.settings(ynn_fusions="off"):
+            pass
