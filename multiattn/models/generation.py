@@ -612,7 +612,7 @@ class GenerationMixin:
         cls = {
             "model": type(self).__name__,
             "rows": tuning.bucket(logits.shape[0]),
-            "prompt": tuning.bucket(state["seq"]),
+            "prompt": tuning.bucket(state.get("seq", 0)),  # an encoder-decoder's has none
             "cache": tuning.bucket(cache_bytes),
             "new": tuning.bucket(new),
             "dtype": str(logits.dtype),
