@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-# a bound for a hung run, not a speed test: the sharded run took 260 s on a busy 2-core CPU
+# a bound for a hung run, not a speed test: the sharded run took about 60 s on a 2-core CPU
 def run_worker(script: str, *args: str, x64: bool = False, timeout: float = 1800) -> dict:
     env = dict(os.environ)
     env.update(
@@ -67,6 +67,15 @@ def sharded(sharded_report):
 @pytest.fixture(scope="module")
 def memory(sharded_report):
     return sharded_report["memory"]
+
+
+def long_rows_tol(keys: int) -> float:
+    """The float32 bound for attention over up to ``keys`` keys: the conformance bound,
+    or ``sqrt(keys)`` units of float32 roundoff where that is larger. A softmax-weighted
+    sum's rounding error grows with the number of terms while the outputs (averages of
+    many values) shrink: over 2048 keys the core's direct attention on one device was
+    1.0e-6 to 1.8e-6 from the oracle (three seeds), ring attention 0.4e-6 to 1.1e-6."""
+    return max(F32_TOL, keys**0.5 * 2.0**-24)
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +160,8 @@ def test_model_parallel_fits_a_per_device_budget_one_device_exceeds(memory):
     "case", ["float32_full", "float32_causal", "float32_causal_cross", "float32_batch_x_seq"]
 )
 def test_ring_attention_equals_the_oracle_float32(ring, case):
-    assert ring["tokens"] == 8 * 512
-    assert ring[case]["oracle"] <= F32_TOL, ring[case]
+    assert ring["tokens"] == 8 * 256
+    assert ring[case]["oracle"] <= long_rows_tol(ring["tokens"]), ring[case]
 
 
 def test_ring_attention_float64_and_empty_rows(ring):
@@ -163,6 +172,6 @@ def test_ring_attention_float64_and_empty_rows(ring):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_ring_attention_gradients_equal_direct_attention(ring, dtype):
-    tol = F32_TOL if dtype == "float32" else F64_TOL
+    tol = long_rows_tol(ring["tokens"]) if dtype == "float32" else F64_TOL
     errors = ring["gradients"][dtype]
     assert max(errors.values()) <= tol, errors
