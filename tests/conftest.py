@@ -25,6 +25,9 @@ Environment:
     MULTIATTN_TEST_WORKER_TIMEOUT: seconds a worker may run before it is stopped and
         reported as failed with the end of its output (default 2700; twice that for
         ``core``, the longest).
+    MULTIATTN_TEST_JAX_FAST_COMPILE: ``0`` runs the jax workers with XLA's default
+        compiler options; by default they compile with `JAX_WORKER_XLA_FLAGS` (see
+        `_jax_worker_xla_flags`).
 
 A worker whose whole directory runs (no narrower path given) may be split into several
 processes that each run a share of its test files (`SHARDS`): the longest backend then
@@ -33,6 +36,7 @@ no longer holds up a two-core run alone. Every share's results carry the backend
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -69,6 +73,41 @@ START_ORDER = (CORE, "jax", "tensorflow", "torch", "paddle", "numpy")
 SHARDS = {"jax": 2}
 WORKER_TIMEOUT = float(os.environ.get("MULTIATTN_TEST_WORKER_TIMEOUT", "2700"))
 WORKER_DIRS = {d for d, _ in WORKERS.values()}
+
+
+#: XLA:CPU options of the jax workers: LLVM without optimisation and the older loop
+#: emitters. Eager jax compiles every operation for every new shape, and those tests
+#: mostly wait on that compiler: on a 2-core AMD EPYC (AVX2) an elementwise operation
+#: compiled in 38 ms against 76, jax's random numbers in 0.15 s against 0.46, and three
+#: jax test files ran in 23 s against 44. XLA computes the same operations either way;
+#: the conformance suite's keras-jax target, the examples and the benchmark keep XLA's
+#: defaults.
+JAX_WORKER_XLA_FLAGS = (
+    "--xla_backend_optimization_level=0",
+    "--xla_cpu_use_fusion_emitters=false",
+)
+
+
+@functools.cache
+def _jax_worker_xla_flags() -> str | None:
+    """``XLA_FLAGS`` for the jax workers: the caller's, with each option of
+    `JAX_WORKER_XLA_FLAGS` it does not set itself; None (leave it as it is) when
+    ``MULTIATTN_TEST_JAX_FAST_COMPILE=0`` or when this jaxlib refuses the options (XLA
+    ends a process on an unknown flag: a subprocess tries them first)."""
+    if os.environ.get("MULTIATTN_TEST_JAX_FAST_COMPILE", "1").strip() == "0":
+        return None
+    current = os.environ.get("XLA_FLAGS", "")
+    added = [f for f in JAX_WORKER_XLA_FLAGS if f.split("=")[0] not in current]
+    flags = " ".join([current, *added]).strip()
+    probe = "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, timeout=300
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    return flags if proc.returncode == 0 else None
 
 
 def _selected_backends() -> list[str]:
@@ -186,6 +225,8 @@ def _run_worker(
         else:
             env[key] = value
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if backend == "jax" and _jax_worker_xla_flags() is not None:
+        env["XLA_FLAGS"] = _jax_worker_xla_flags()
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.jsonl"
         env["MULTIATTN_TEST_REPORT"] = str(report)
@@ -284,6 +325,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     terminalreporter.section(f"slowest {min(SLOWEST_SHOWN, len(timed))} tests of the workers")
     for rec in timed[:SLOWEST_SHOWN]:
         terminalreporter.write_line(f"{rec['duration']:8.2f}s {rec['backend']:<10} {rec['nodeid']}")
+    files: dict[tuple[str, str], float] = {}
+    for rec in timed:
+        key = (rec["backend"], rec["nodeid"].split("::")[0])
+        files[key] = files.get(key, 0.0) + rec["duration"]
+    slowest = sorted(files.items(), key=lambda item: -item[1])[:SLOWEST_SHOWN]
+    terminalreporter.section(f"slowest {len(slowest)} test files of the workers (summed)")
+    for (backend, path), seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.2f}s {backend:<10} {path}")
 
 
 #: jax's persistent compilation cache for every program, however quickly it compiles
