@@ -233,8 +233,9 @@ def _run_worker(
         else:
             env[key] = value
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if _worker_xla_flags(backend) is not None:
-        env["XLA_FLAGS"] = _worker_xla_flags(backend)
+    xla_flags = _worker_xla_flags(backend)
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.jsonl"
         env["MULTIATTN_TEST_REPORT"] = str(report)
