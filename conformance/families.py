@@ -129,18 +129,18 @@ def check(names: list[str], frameworks: list[str], dtype: str, timeout: float) -
     """Every case on every framework against its stored expectation: the report."""
     tampered = verify()
     report: dict[str, Any] = {"dtype": dtype, "tampered": tampered, "families": {}}
+    cases = []
     for name in names:
-        folder = DIRECTORY / name
-        inputs, want = load_expected(folder)
-        args = argparse.Namespace(model=folder, dtype=dtype, timeout=timeout,
-                                  tokens=TOKENS if "generated_ids" in want else 0)  # fmt: skip
-        with tempfile.TemporaryDirectory(prefix="multiattn-families-") as tmp:
-            rows = mc.run_frameworks(args, frameworks, Path(tmp), inputs, want)
-        for res in rows.values():  # every stored output must have been compared
-            missing = sorted(set(want) - set(res.get("outputs", want)))
+        inputs, want = load_expected(DIRECTORY / name)
+        cases.append({"name": name, "model": DIRECTORY / name, "inputs": inputs, "want": want,
+                      "tokens": TOKENS if "generated_ids" in want else 0})  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="multiattn-families-") as tmp:
+        report["families"] = mc.run_frameworks(cases, frameworks, dtype, timeout, Path(tmp))
+    for case in cases:  # every stored output must have been compared
+        for res in report["families"][case["name"]].values():
+            missing = sorted(set(case["want"]) - set(res.get("outputs", case["want"])))
             if missing:
                 res["agree"], res["reason"] = False, f"no {', '.join(missing)}"
-        report["families"][name] = rows
     return report
 
 

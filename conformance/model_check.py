@@ -91,41 +91,46 @@ def _causal_lm(config: dict) -> bool:
                config.get("architectures") or ())  # fmt: skip
 
 
-# --- the worker: one framework, one process -------------------------------------------------
+# --- the worker: one framework, one process, any number of folders ------------------------
 
 
 def _worker(args: argparse.Namespace) -> int:
-    """Run the folder on one framework; write its outputs (or why not) to ``--out``."""
+    """Run each job of ``--jobs`` (a JSON list: ``model``, ``inputs``, ``out``, ``status``,
+    ``tokens``) on one framework; write each one's outputs (or why not) to its files."""
     framework = args.framework
     # Paddle runs beside Keras' NumPy backend: TensorFlow (Keras' default) must not be
     # imported before Paddle in one process.
     os.environ["KERAS_BACKEND"] = "numpy" if framework == "paddle" else framework
-    result: dict[str, Any] = {}
+    for job in json.loads(Path(args.jobs).read_text()):
+        result = _run_job(framework, job, args.dtype)
+        Path(job["status"]).write_text(json.dumps(result))
+    return 0
+
+
+def _run_job(framework: str, job: dict, dtype: str) -> dict:
     try:
         from multiattn.models import from_pretrained
 
-        inputs = dict(np.load(args.inputs))
+        inputs = dict(np.load(job["inputs"]))
         model = from_pretrained(
-            args.model, framework="paddle" if framework == "paddle" else None, dtype=args.dtype
+            job["model"], framework="paddle" if framework == "paddle" else None, dtype=dtype
         )
         outputs = model(**inputs)
         arrays = {k: _to_numpy(v) for k, v in outputs.items()}
-        if args.tokens and hasattr(model, "generate") and "input_ids" in inputs:
+        if job["tokens"] and hasattr(model, "generate") and "input_ids" in inputs:
             ids = model.generate(
                 inputs["input_ids"],
                 attention_mask=inputs.get("attention_mask"),
-                max_new_tokens=args.tokens,
+                max_new_tokens=job["tokens"],
                 do_sample=False,
             )
             arrays["generated_ids"] = np.asarray(ids)
-        np.savez(args.out, **arrays)
-        result["status"] = "ran"
+        np.savez(job["out"], **arrays)
+        return {"status": "ran"}
     except NotImplementedError as err:
-        result = {"status": "unsupported", "reason": str(err).splitlines()[0]}
-    except Exception as err:  # reported in the table, not raised: other frameworks go on
-        result = {"status": "error", "reason": f"{type(err).__name__}: {err}".splitlines()[0]}
-    Path(args.status).write_text(json.dumps(result))
-    return 0
+        return {"status": "unsupported", "reason": str(err).splitlines()[0]}
+    except Exception as err:  # reported in the table, not raised: other jobs go on
+        return {"status": "error", "reason": f"{type(err).__name__}: {err}".splitlines()[0]}
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -200,30 +205,46 @@ def compare(got: dict, want: dict, inputs: dict) -> dict[str, dict]:
     return rows
 
 
-def _run_worker(framework: str, args: argparse.Namespace, tmp: Path, inputs_path: Path):
-    out, status = tmp / f"{framework}.npz", tmp / f"{framework}.json"
+def _run_worker(framework: str, jobs: list[dict], dtype: str, timeout: float, tmp: Path):
+    """Run ``jobs`` (``name``, ``model``, ``inputs``, ``tokens``) in one process of
+    ``framework``, killed after ``timeout`` seconds: ``name -> (result, arrays)``. A job the
+    process did not finish is reported ``hung`` or ``crashed``; the finished ones keep
+    their results."""
+    for job in jobs:
+        base = tmp / f"{framework}-{job['name']}"
+        job.update(out=str(base) + ".npz", status=str(base) + ".json", model=str(job["model"]))
+    jobs_path = tmp / f"{framework}-jobs.json"
+    jobs_path.write_text(json.dumps(jobs))
     env = dict(os.environ)
     env.pop("KERAS_BACKEND", None)
-    if args.dtype == "float64":
+    if dtype == "float64":
         env["JAX_ENABLE_X64"] = "1"
     cmd = [sys.executable, "-m", "multiattn.conformance.model_check", "--worker",
-           "--framework", framework, "--model", str(args.model), "--inputs", str(inputs_path),
-           "--out", str(out), "--status", str(status), "--dtype", args.dtype,
-           "--tokens", str(args.tokens)]  # fmt: skip
+           "--framework", framework, "--jobs", str(jobs_path), "--dtype", dtype]  # fmt: skip
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
     try:
-        _, err = proc.communicate(timeout=args.timeout)
+        _, err = proc.communicate(timeout=timeout)
+        unfinished = _crashed(proc.returncode, err)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         proc.communicate()
-        return {"status": "hung", "reason": f"killed after {args.timeout:g}s (--timeout)"}, {}
+        unfinished = {"status": "hung", "reason": f"killed after {timeout:g}s (--timeout)"}
+    return {job["name"]: _job_result(job, unfinished) for job in jobs}
+
+
+def _crashed(returncode: int, err: bytes) -> dict:
+    tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+    return {"status": "crashed", "reason": f"exit {returncode}: {tail[0]}"}
+
+
+def _job_result(job: dict, unfinished: dict) -> tuple[dict, dict]:
+    status = Path(job["status"])
     if not status.is_file():
-        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return {"status": "crashed", "reason": f"exit {proc.returncode}: {tail[0]}"}, {}
+        return dict(unfinished), {}
     result = json.loads(status.read_text())
-    arrays = dict(np.load(out)) if result.get("status") == "ran" else {}
+    arrays = dict(np.load(job["out"])) if result.get("status") == "ran" else {}
     return result, arrays
 
 
@@ -248,48 +269,63 @@ def check_model(args: argparse.Namespace) -> dict:
         "inputs": {k: list(v.shape) for k, v in inputs.items()},
         "frameworks": {},
     }
+    case = {"name": "model", "model": args.model, "inputs": inputs, "tokens": args.tokens}
     with tempfile.TemporaryDirectory(prefix="multiattn-model-check-") as tmp:
-        tmp_path = Path(tmp)
-        inputs_path = tmp_path / "inputs.npz"
-        np.savez(inputs_path, **inputs)
         try:
-            want = transformers_reference(args.model, config, inputs, args.tokens)
+            case["want"] = transformers_reference(args.model, config, inputs, args.tokens)
             report["reference"] = "transformers, float64"
         except ImportError:
-            ref_args = argparse.Namespace(**{**vars(args), "dtype": "float64"})
-            result, want = _run_worker("numpy", ref_args, tmp_path, inputs_path)
+            jobs = _jobs([case], Path(tmp) / "reference")
+            result, case["want"] = _run_worker("numpy", jobs, "float64", args.timeout,
+                                               Path(tmp))["model"]  # fmt: skip
             if result.get("status") != "ran":
                 raise SystemExit(f"no reference: {result.get('reason')}") from None
             report["reference"] = "multiattn on NumPy, float64"
-        report["frameworks"] = run_frameworks(args, args.frameworks, tmp_path, inputs, want)
+        rows = run_frameworks([case], args.frameworks, args.dtype, args.timeout, Path(tmp))
+    report["frameworks"] = rows["model"]
     return report
 
 
 def run_frameworks(
-    args: argparse.Namespace, frameworks: list[str], tmp: Path, inputs: dict, want: dict
-) -> dict[str, dict]:
-    """The folder ``args.model`` on each framework (a process each) against ``want``:
-    framework -> result (``status``, ``outputs`` as `compare` gives them, ``agree``)."""
-    inputs_path = tmp / "inputs.npz"
-    if not inputs_path.is_file():
-        np.savez(inputs_path, **inputs)
-    tol = TOLERANCE[args.dtype]
-    results: dict[str, dict] = {}
+    cases: list[dict], frameworks: list[str], dtype: str, timeout: float, tmp: Path
+) -> dict[str, dict[str, dict]]:
+    """Each case (``name``, ``model`` folder, ``inputs``, ``want``, ``tokens``) on each
+    framework against its ``want``, one process per framework running every case (killed
+    after ``timeout`` seconds): name -> framework -> result (``status``, ``outputs`` as
+    `compare` gives them, ``agree``)."""
+    results: dict[str, dict[str, dict]] = {case["name"]: {} for case in cases}
     for framework in frameworks:
         if not _installed(framework):
-            results[framework] = {"status": "not installed"}
+            for rows in results.values():
+                rows[framework] = {"status": "not installed"}
             continue
-        result, got = _run_worker(framework, args, tmp, inputs_path)
-        if result.get("status") == "ran":
-            rows = compare(got, want, inputs)
-            result["outputs"] = rows
-            result["agree"] = all(
-                r.get("relative", 0.0) <= tol and r.get("token_match", 1.0) == 1.0
-                and r.get("agree", True)
-                for r in rows.values()
-            )  # fmt: skip
-        results[framework] = result
+        ran = _run_worker(framework, _jobs(cases, tmp / framework), dtype, timeout, tmp)
+        for case in cases:
+            result, got = ran[case["name"]]
+            if result.get("status") == "ran":
+                _judge(result, compare(got, case["want"], case["inputs"]), TOLERANCE[dtype])
+            results[case["name"]][framework] = result
     return results
+
+
+def _jobs(cases: list[dict], folder: Path) -> list[dict]:
+    """The worker's jobs for ``cases``, their inputs saved under ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for case in cases:
+        inputs_path = folder / f"{case['name']}-inputs.npz"
+        np.savez(inputs_path, **case["inputs"])
+        jobs.append({"name": case["name"], "model": case["model"], "inputs": str(inputs_path),
+                     "tokens": case["tokens"]})  # fmt: skip
+    return jobs
+
+
+def _judge(result: dict, rows: dict, tol: float) -> None:
+    result["outputs"] = rows
+    result["agree"] = all(
+        r.get("relative", 0.0) <= tol and r.get("token_match", 1.0) == 1.0 and r.get("agree", True)
+        for r in rows.values()
+    )
 
 
 def _print(report: dict) -> None:
@@ -336,21 +372,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds per framework before it is killed")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the report as JSON")
-    # the worker (internal)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--framework", help=argparse.SUPPRESS)
-    p.add_argument("--inputs", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--status", help=argparse.SUPPRESS)
+    return p
+
+
+def _worker_parser() -> argparse.ArgumentParser:
+    """The internal worker's arguments (``--worker`` first)."""
+    p = argparse.ArgumentParser(prog="multiattn.conformance.model_check --worker")
+    p.add_argument("--worker", action="store_true", required=True)
+    p.add_argument("--framework", choices=FRAMEWORKS, required=True)
+    p.add_argument("--jobs", required=True)
+    p.add_argument("--dtype", choices=("float32", "float64"), required=True)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Exit status 0 when every framework that ran agrees, 1 otherwise."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        return _worker(_worker_parser().parse_args(argv))
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.worker:
-        return _worker(args)
     frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
     unknown = [f for f in frameworks if f not in FRAMEWORKS]
     if unknown or not frameworks:

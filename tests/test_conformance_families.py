@@ -40,8 +40,8 @@ def test_a_tampered_file_is_reported(tmp_path):
     assert families.verify(copy) == ["gpt2/model.safetensors"]
 
 
-#: seconds before a framework's run counts as hung: a bound, not a speed test (the three
-#: frameworks together took 200 s on a busy 2-core CPU)
+#: seconds before a framework's process (every family) counts as hung: a bound, not a speed
+#: test (the three frameworks together took 46 s on an idle 2-core CPU)
 HUNG_AFTER = "900"
 
 

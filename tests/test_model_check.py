@@ -92,3 +92,28 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
     assert proc.returncode == 2 and "mxnet" in proc.stderr
     proc = _cli("--model", str(tmp_path), "--frameworks", "numpy")
     assert proc.returncode != 0 and "no config.json" in proc.stderr
+
+
+def test_jobs_a_worker_did_not_finish_are_reported_and_finished_ones_kept(tmp_path):
+    inputs = {"input_ids": np.zeros((1, 3), np.int64)}
+    jobs = mc._jobs([{"name": n, "model": tmp_path, "inputs": inputs, "tokens": 0}
+                     for n in ("done", "left")], tmp_path / "jobs")  # fmt: skip
+    ran = mc._run_worker("numpy", jobs, "float32", 0.5, tmp_path)  # killed while importing
+    assert {n: r[0]["status"] for n, r in ran.items()} == {"done": "hung", "left": "hung"}
+    assert "0.5s" in ran["left"][0]["reason"]
+    np.savez(jobs[0]["out"], logits=np.ones(2))
+    Path(jobs[0]["status"]).write_text(json.dumps({"status": "ran"}))
+    crashed = mc._crashed(-11, b"Fatal Python error: Segmentation fault\n")
+    assert mc._job_result(jobs[0], crashed)[0] == {"status": "ran"}
+    assert mc._job_result(jobs[0], crashed)[1]["logits"].tolist() == [1.0, 1.0]
+    assert mc._job_result(jobs[1], crashed)[0] == {
+        "status": "crashed", "reason": "exit -11: Fatal Python error: Segmentation fault"}
+
+
+def test_a_worker_reports_each_job_whether_it_ran_or_failed(bert_folder, tmp_path):
+    inputs = mc.make_inputs(mc._config(bert_folder), ("input_ids",), 1, 4, 0)
+    cases = [{"name": "bert", "model": bert_folder, "inputs": inputs, "tokens": 0},
+             {"name": "empty", "model": tmp_path, "inputs": inputs, "tokens": 0}]  # fmt: skip
+    ran = mc._run_worker("numpy", mc._jobs(cases, tmp_path / "jobs"), "float32", 300, tmp_path)
+    assert ran["bert"][0] == {"status": "ran"} and ran["bert"][1]["last_hidden_state"].ndim == 3
+    assert ran["empty"][0]["status"] == "error" and ran["empty"][1] == {}
