@@ -107,7 +107,9 @@ def test_jobs_a_worker_did_not_finish_are_reported_and_finished_ones_kept(tmp_pa
     assert mc._job_result(jobs[0], crashed)[0] == {"status": "ran"}
     assert mc._job_result(jobs[0], crashed)[1]["logits"].tolist() == [1.0, 1.0]
     assert mc._job_result(jobs[1], crashed)[0] == {
-        "status": "crashed", "reason": "exit -11: Fatal Python error: Segmentation fault"}
+        "status": "crashed",
+        "reason": "exit -11: Fatal Python error: Segmentation fault",
+    }
 
 
 def test_a_worker_reports_each_job_whether_it_ran_or_failed(bert_folder, tmp_path):
