@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from multiattn import ops as _ops  # noqa: E402
+from multiattn._autograph import mark_public  # noqa: E402
 from multiattn._checks import (  # noqa: E402
     broadcast_shape,
     check_positive_int,
@@ -388,3 +389,7 @@ class EncoderLayer(keras.layers.Layer):
             "dff": self.dff,
             "rate": self.rate,
         }
+
+
+# tf.function need not convert the adapter's source (multiattn._autograph)
+mark_public(globals(), __all__)

@@ -1135,7 +1135,10 @@ def _compiled(
             start = (tf.constant(0), tf.zeros((), ts[0].dtype))
             return tf.while_loop(lambda i, _: i < passes, body, start)[1]
 
-        graph = tf.function(fn if passes == 1 else tf_looped, jit_compile=how.xla or None)
+        # autograph=False: the candidates are the core's code (`multiattn._autograph`)
+        graph = tf.function(
+            fn if passes == 1 else tf_looped, jit_compile=how.xla or None, autograph=False
+        )
         return lambda: graph(*tensors)
     return lambda: fn(*tensors)
 

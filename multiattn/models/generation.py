@@ -544,7 +544,10 @@ class GenerationMixin:
                 with enter_cache_scope(scope):
                     return fn(*args)
 
-            compiled = tf.function(scoped, reduce_retracing=False, jit_compile=True)
+            # autograph=False: the model's code is not to be converted (multiattn._autograph)
+            compiled = tf.function(
+                scoped, reduce_retracing=False, jit_compile=True, autograph=False
+            )
 
             def call(*args):
                 return compiled(cache_scope(), config.fingerprint(), *args)

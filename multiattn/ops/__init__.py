@@ -4,6 +4,7 @@ Shapes: scores are ``(batch, ..., queries, keys)``; masks are bool with True = m
 attend; valid lengths are ``(batch,)`` or ``(batch, queries)``.
 """
 
+from .._autograph import mark_public
 from .activations import ACTIVATIONS, activation
 from .attention import scaled_dot_product_attention, score_attention
 from .heads import HEAD_LAYOUTS, merge_heads, split_heads
@@ -40,3 +41,5 @@ __all__ = [
     "split_heads",
     "valid_lens_to_mask",
 ]
+
+mark_public(globals(), __all__)  # tf.function need not convert the core's source
