@@ -1193,8 +1193,6 @@ def ynn_fusions_pay(
     forced = config.get_ynn_fusions()
     if forced is not None:
         return forced
-    import jax
-
     measurable = weight_bytes >= DECODE_MIN_WEIGHT_BYTES
     reason = f"weights under {DECODE_MIN_WEIGHT_BYTES >> 20} MiB: XLA's default, untimed"
     cls = {**shape_class, "weights": bucket(weight_bytes)}
@@ -1209,7 +1207,7 @@ def ynn_fusions_pay(
         return fns, "the call's own prompt state"
 
     choice = decide("xla-ynn-fusions", cls, candidates, fallback="ynn", measurable=measurable,
-                    reason=reason, sync=jax.block_until_ready, margin=MARGIN)  # fmt: skip
+                    reason=reason, sync=_sync("jax", None), margin=MARGIN)  # fmt: skip
     return choice == "ynn"
 
 
