@@ -213,6 +213,7 @@ def _run_worker(framework: str, jobs: list[dict], dtype: str, timeout: float, tm
     for job in jobs:
         base = tmp / f"{framework}-{job['name']}"
         job.update(out=str(base) + ".npz", status=str(base) + ".json", model=str(job["model"]))
+        Path(job["status"]).unlink(missing_ok=True)  # only this run's results count
     jobs_path = tmp / f"{framework}-jobs.json"
     jobs_path.write_text(json.dumps(jobs))
     env = dict(os.environ)
@@ -275,9 +276,9 @@ def check_model(args: argparse.Namespace) -> dict:
             case["want"] = transformers_reference(args.model, config, inputs, args.tokens)
             report["reference"] = "transformers, float64"
         except ImportError:
-            jobs = _jobs([case], Path(tmp) / "reference")
-            result, case["want"] = _run_worker("numpy", jobs, "float64", args.timeout,
-                                               Path(tmp))["model"]  # fmt: skip
+            ref = Path(tmp) / "reference"
+            jobs = _jobs([case], ref)
+            result, case["want"] = _run_worker("numpy", jobs, "float64", args.timeout, ref)["model"]
             if result.get("status") != "ran":
                 raise SystemExit(f"no reference: {result.get('reason')}") from None
             report["reference"] = "multiattn on NumPy, float64"

@@ -98,6 +98,7 @@ def test_jobs_a_worker_did_not_finish_are_reported_and_finished_ones_kept(tmp_pa
     inputs = {"input_ids": np.zeros((1, 3), np.int64)}
     jobs = mc._jobs([{"name": n, "model": tmp_path, "inputs": inputs, "tokens": 0}
                      for n in ("done", "left")], tmp_path / "jobs")  # fmt: skip
+    (tmp_path / "numpy-done.json").write_text('{"status": "ran"}')  # an earlier run's
     ran = mc._run_worker("numpy", jobs, "float32", 0.5, tmp_path)  # killed while importing
     assert {n: r[0]["status"] for n, r in ran.items()} == {"done": "hung", "left": "hung"}
     assert "0.5s" in ran["left"][0]["reason"]
@@ -119,3 +120,18 @@ def test_a_worker_reports_each_job_whether_it_ran_or_failed(bert_folder, tmp_pat
     ran = mc._run_worker("numpy", mc._jobs(cases, tmp_path / "jobs"), "float32", 300, tmp_path)
     assert ran["bert"][0] == {"status": "ran"} and ran["bert"][1]["last_hidden_state"].ndim == 3
     assert ran["empty"][0]["status"] == "error" and ran["empty"][1] == {}
+
+
+def test_without_transformers_the_reference_is_numpy_in_float64(bert_folder, monkeypatch):
+    def missing(*args, **kwargs):
+        raise ImportError("no transformers")
+
+    monkeypatch.setattr(mc, "transformers_reference", missing)
+    args = mc._parser().parse_args(["--model", str(bert_folder), "--tokens", "0"])
+    args.frameworks = ["numpy"]
+    report = mc.check_model(args)
+    assert report["reference"] == "multiattn on NumPy, float64"
+    res = report["frameworks"]["numpy"]
+    assert res["status"] == "ran" and res["agree"], res
+    # float32 against float64 of the same definition: rounding apart, not equal
+    assert all(0 < r["relative"] < 1e-5 for r in res["outputs"].values())
