@@ -206,13 +206,12 @@ def compare(got: dict, want: dict, inputs: dict) -> dict[str, dict]:
 
 
 def _run_worker(framework: str, jobs: list[dict], dtype: str, timeout: float, tmp: Path):
-    """Run ``jobs`` (``name``, ``model``, ``inputs``, ``tokens``) in one process of
-    ``framework``, killed after ``timeout`` seconds: ``name -> (result, arrays)``. A job the
-    process did not finish is reported ``hung`` or ``crashed``; the finished ones keep
-    their results."""
+    """Run ``jobs`` (`_jobs`) in one process of ``framework``, its files in ``tmp``,
+    killed after ``timeout`` seconds: ``name -> (result, arrays)``. A job the process did
+    not finish is reported ``hung`` or ``crashed``; the finished ones keep their results."""
+    jobs = [{**job, "out": str(tmp / f"{framework}-{job['name']}.npz"),
+             "status": str(tmp / f"{framework}-{job['name']}.json")} for job in jobs]  # fmt: skip
     for job in jobs:
-        base = tmp / f"{framework}-{job['name']}"
-        job.update(out=str(base) + ".npz", status=str(base) + ".json", model=str(job["model"]))
         Path(job["status"]).unlink(missing_ok=True)  # only this run's results count
     jobs_path = tmp / f"{framework}-jobs.json"
     jobs_path.write_text(json.dumps(jobs))
@@ -295,12 +294,13 @@ def run_frameworks(
     after ``timeout`` seconds): name -> framework -> result (``status``, ``outputs`` as
     `compare` gives them, ``agree``)."""
     results: dict[str, dict[str, dict]] = {case["name"]: {} for case in cases}
+    jobs = _jobs(cases, tmp)
     for framework in frameworks:
         if not _installed(framework):
             for rows in results.values():
                 rows[framework] = {"status": "not installed"}
             continue
-        ran = _run_worker(framework, _jobs(cases, tmp / framework), dtype, timeout, tmp)
+        ran = _run_worker(framework, jobs, dtype, timeout, tmp)
         for case in cases:
             result, got = ran[case["name"]]
             if result.get("status") == "ran":
@@ -310,14 +310,15 @@ def run_frameworks(
 
 
 def _jobs(cases: list[dict], folder: Path) -> list[dict]:
-    """The worker's jobs for ``cases``, their inputs saved under ``folder``."""
+    """The worker's jobs for ``cases`` (``name``, ``model``, ``inputs``, ``tokens``), their
+    inputs saved once under ``folder`` for every framework's run."""
     folder.mkdir(parents=True, exist_ok=True)
     jobs = []
     for case in cases:
         inputs_path = folder / f"{case['name']}-inputs.npz"
         np.savez(inputs_path, **case["inputs"])
-        jobs.append({"name": case["name"], "model": case["model"], "inputs": str(inputs_path),
-                     "tokens": case["tokens"]})  # fmt: skip
+        jobs.append({"name": case["name"], "model": str(case["model"]),
+                     "inputs": str(inputs_path), "tokens": case["tokens"]})  # fmt: skip
     return jobs
 
 

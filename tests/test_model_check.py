@@ -102,12 +102,14 @@ def test_jobs_a_worker_did_not_finish_are_reported_and_finished_ones_kept(tmp_pa
     ran = mc._run_worker("numpy", jobs, "float32", 0.5, tmp_path)  # killed while importing
     assert {n: r[0]["status"] for n, r in ran.items()} == {"done": "hung", "left": "hung"}
     assert "0.5s" in ran["left"][0]["reason"]
-    np.savez(jobs[0]["out"], logits=np.ones(2))
-    Path(jobs[0]["status"]).write_text(json.dumps({"status": "ran"}))
+    done, left = ({"out": str(tmp_path / f"numpy-{n}.npz"),
+                   "status": str(tmp_path / f"numpy-{n}.json")} for n in ("done", "left"))  # fmt: skip
+    np.savez(done["out"], logits=np.ones(2))
+    Path(done["status"]).write_text(json.dumps({"status": "ran"}))
     crashed = mc._crashed(-11, b"Fatal Python error: Segmentation fault\n")
-    assert mc._job_result(jobs[0], crashed)[0] == {"status": "ran"}
-    assert mc._job_result(jobs[0], crashed)[1]["logits"].tolist() == [1.0, 1.0]
-    assert mc._job_result(jobs[1], crashed)[0] == {
+    assert mc._job_result(done, crashed)[0] == {"status": "ran"}
+    assert mc._job_result(done, crashed)[1]["logits"].tolist() == [1.0, 1.0]
+    assert mc._job_result(left, crashed)[0] == {
         "status": "crashed",
         "reason": "exit -11: Fatal Python error: Segmentation fault",
     }
