@@ -25,9 +25,10 @@ Environment:
     MULTIATTN_TEST_WORKER_TIMEOUT: seconds a worker may run before it is stopped and
         reported as failed with the end of its output (default 2700; twice that for
         ``core``, the longest).
-    MULTIATTN_TEST_XLA_FAST_COMPILE: ``0`` runs the jax and tensorflow workers with
-        XLA's default compiler options; by default they compile with
-        `WORKER_XLA_FLAGS` (see `_worker_xla_flags`).
+    MULTIATTN_TEST_XLA_FAST_COMPILE: ``0`` runs the jax and tensorflow workers (and
+        the full conformance run of ``tests/test_conformance.py``) with XLA's default
+        compiler options; by default they compile with `_xla_flags.FAST_COMPILE` (see
+        `_xla_flags.fast_compile_flags`).
 
 A worker whose whole directory runs (no narrower path given) may be split into several
 processes that each run a share of its test files (`SHARDS`): the longest backend then
@@ -36,7 +37,6 @@ no longer holds up a two-core run alone. Every share's results carry the backend
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from _xla_flags import fast_compile_flags
 
 HERE = Path(__file__).resolve().parent
 BACKEND_DIR = HERE / "backend"
@@ -73,49 +74,6 @@ START_ORDER = (CORE, "jax", "tensorflow", "torch", "paddle", "numpy")
 SHARDS = {"jax": 2}
 WORKER_TIMEOUT = float(os.environ.get("MULTIATTN_TEST_WORKER_TIMEOUT", "2700"))
 WORKER_DIRS = {d for d, _ in WORKERS.values()}
-
-
-#: XLA:CPU options of the jax and tensorflow workers: LLVM without optimisation and the
-#: older loop emitters. Eager jax compiles every operation for every new shape, and those
-#: tests mostly wait on that compiler: on a 2-core AMD EPYC (AVX2) an elementwise
-#: operation compiled in 38 ms against 76, jax's random numbers in 0.15 s against 0.46,
-#: three jax test files ran in 23 s against 44, and TensorFlow's compiled decoding loops
-#: (``jit_compile``) in 67 s against 91. XLA computes the same operations either way; the
-#: conformance suite's keras-jax target, the examples and the benchmark keep XLA's
-#: defaults.
-WORKER_XLA_FLAGS = (
-    "--xla_backend_optimization_level=0",
-    "--xla_cpu_use_fusion_emitters=false",
-)
-
-
-#: backend -> a program that makes its XLA read ``XLA_FLAGS``
-XLA_PROBES = {
-    "jax": "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()",
-    "tensorflow": "import tensorflow as tf; tf.function(lambda: tf.zeros(1), jit_compile=True)()",
-}
-
-
-@functools.cache
-def _worker_xla_flags(backend: str) -> str | None:
-    """``XLA_FLAGS`` for a worker of `XLA_PROBES`: the caller's, with each option of
-    `WORKER_XLA_FLAGS` it does not set itself; None (leave it as it is) for the other
-    workers, when ``MULTIATTN_TEST_XLA_FAST_COMPILE=0``, or when the backend's XLA refuses
-    the options (XLA ends a process on an unknown flag: a subprocess tries them first)."""
-    probe = XLA_PROBES.get(backend)
-    if probe is None or os.environ.get("MULTIATTN_TEST_XLA_FAST_COMPILE", "1").strip() == "0":
-        return None
-    current = os.environ.get("XLA_FLAGS", "")
-    added = [f for f in WORKER_XLA_FLAGS if f.split("=")[0] not in current]
-    flags = " ".join([current, *added]).strip()
-    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", probe], env=env, capture_output=True, timeout=300
-        )
-    except subprocess.TimeoutExpired:
-        return None
-    return flags if proc.returncode == 0 else None
 
 
 def _selected_backends() -> list[str]:
@@ -233,7 +191,7 @@ def _run_worker(
         else:
             env[key] = value
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    xla_flags = _worker_xla_flags(backend)
+    xla_flags = fast_compile_flags(backend)
     if xla_flags is not None:
         env["XLA_FLAGS"] = xla_flags
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _xla_flags import fast_compile_flags, without_fast_compile
 from multiattn.conformance import fixtures
 from multiattn.conformance.departures import keep_mask, recorded
 from multiattn.conformance.generate import check
@@ -87,15 +88,35 @@ NATIVE = {
 }
 
 
+#: one case of every kind (float32, and the half-precision layer), run on keras-jax with
+#: XLA's default compiler options
+DEFAULT_COMPILE_CASES = (
+    "masked_softmax_mask_f32", "scores_additive_f32", "sdpa_mask_f16",
+    "sdpa_blockwise_everything_f32", "sdpa_gqa_causal_lens_f32", "mha_masked_rows_f32",
+    "mha_contiguous_bf16", "mha_gqa_self_causal_rope_f32", "positional_interleaved_f32",
+    "encoder_pre_ln_f32", "rope_offset_3_f32", "rms_norm_scale_f32", "cache_gqa_rope_f32",
+    "decoder_pre_ln_gqa_rope_f32", "cache_decoder_pre_ln_gqa_rope_f32",
+)  # fmt: skip
+
+
+def _fast_compile_env() -> dict:
+    """``XLA_FLAGS`` with XLA's quick-compile options where both XLAs (jax's and
+    TensorFlow's) take them; nothing otherwise."""
+    flags = {fast_compile_flags(backend) for backend in ("jax", "tensorflow")}
+    return {"XLA_FLAGS": flags.pop()} if len(flags) == 1 and None not in flags else {}
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
     """One run of every target (the suite's longest step), shared by the tests below."""
     tmp = tmp_path_factory.mktemp("full")
     report, html = tmp / "report.json", tmp / "report.html"
     # --timeout: a bound for a hung target; keras-jax compiles every case (slow CPUs,
-    # busy machines)
+    # busy machines). XLA compiles quickly here (`_xla_flags`); XLA's defaults:
+    # test_keras_jax_with_xla_defaults
     proc = run_conformance("--require-all", "--json", str(report), "--html", str(html),
-                           "--timeout", "3600", timeout=3 * 3600)  # fmt: skip
+                           "--timeout", "3600", env=_fast_compile_env(),
+                           timeout=3 * 3600)  # fmt: skip
     data = json.loads(report.read_text()) if report.exists() else {}
     return proc, data, html
 
@@ -119,6 +140,19 @@ def test_every_target_passes_every_case(full_run):
     assert len(ran) > 500
     assert "<table>" in html.read_text()
     assert "frameworks' own layers" in proc.stdout
+
+
+def test_keras_jax_with_xla_defaults(tmp_path):
+    """The core compiled by XLA as users run it (the full run compiles quickly): a case
+    of every kind passes, forward and gradients."""
+    report = tmp_path / "report.json"
+    proc = run_conformance("--targets", "keras-jax", "--require-all", "--json", str(report),
+                           "--cases", ",".join(DEFAULT_COMPILE_CASES),
+                           env={"XLA_FLAGS": without_fast_compile()}, timeout=1800)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    cases = json.loads(report.read_text())["targets"]["keras-jax"]["cases"]
+    assert sorted(e["case"] for e in cases) == sorted(DEFAULT_COMPILE_CASES)
+    assert {e["status"] for e in cases} == {"pass"}
 
 
 def test_native_targets_agree_except_on_recorded_departures(full_run):
