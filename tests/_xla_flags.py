@@ -1,5 +1,6 @@
-"""XLA:CPU's quick-compile options for test processes (the jax and tensorflow workers
-and the conformance run of `tests/test_conformance.py`).
+"""XLA:CPU's quick-compile options for test processes: the jax and tensorflow workers,
+and the ``core`` worker, whose tests start processes of every framework (the
+conformance run, the examples, the benchmark, the distributed and model checks).
 
 LLVM without optimisation and the older loop emitters: XLA runs the same operations
 either way, and those tests mostly wait on its compiler. On a 2-core AMD EPYC (AVX2) an
@@ -7,9 +8,9 @@ elementwise operation compiled in 38 ms against 76, jax's random numbers in 0.15
 against 0.46, three jax test files ran in 23 s against 44, TensorFlow's compiled
 decoding loops (``jit_compile``) in 67 s against 91, and the conformance suite's
 multi-head attention cases on jax (forward and gradient under ``jax.jit``) compiled in
-0.30 s against 1.42 s each. The examples and the benchmark keep XLA's defaults, and so
-does `tests/test_conformance.py::test_keras_jax_with_xla_defaults` for a case of every
-kind.
+0.30 s against 1.42 s each, and the RNN examples' training on jax took 47 s against 67.
+`tests/test_conformance.py::test_keras_jax_with_xla_defaults` runs a case of every kind
+with XLA's defaults, which users get (these options are set only here).
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ def fast_compile_flags(backend: str) -> str | None:
     except subprocess.TimeoutExpired:
         return None
     return flags if proc.returncode == 0 else None
+
+
+def fast_compile_env() -> dict[str, str]:
+    """``{"XLA_FLAGS": ...}`` with the options of `FAST_COMPILE` for a process that may
+    start both XLAs (jax's and TensorFlow's), where both take them; empty otherwise."""
+    flags = {fast_compile_flags(backend) for backend in PROBES}
+    return {"XLA_FLAGS": flags.pop()} if len(flags) == 1 and None not in flags else {}
 
 
 def without_fast_compile() -> str:

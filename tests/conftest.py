@@ -25,10 +25,9 @@ Environment:
     MULTIATTN_TEST_WORKER_TIMEOUT: seconds a worker may run before it is stopped and
         reported as failed with the end of its output (default 2700; twice that for
         ``core``, the longest).
-    MULTIATTN_TEST_XLA_FAST_COMPILE: ``0`` runs the jax and tensorflow workers (and
-        the full conformance run of ``tests/test_conformance.py``) with XLA's default
-        compiler options; by default they compile with `_xla_flags.FAST_COMPILE` (see
-        `_xla_flags.fast_compile_flags`).
+    MULTIATTN_TEST_XLA_FAST_COMPILE: ``0`` runs the jax, tensorflow and core workers
+        (and the processes they start) with XLA's default compiler options; by default
+        they compile with `_xla_flags.FAST_COMPILE` (see `_xla_flags.fast_compile_flags`).
 
 A worker whose whole directory runs (no narrower path given) may be split into several
 processes that each run a share of its test files (`SHARDS`): the longest backend then
@@ -48,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from _xla_flags import fast_compile_flags
+from _xla_flags import fast_compile_env, fast_compile_flags
 
 HERE = Path(__file__).resolve().parent
 BACKEND_DIR = HERE / "backend"
@@ -74,6 +73,11 @@ START_ORDER = (CORE, "jax", "tensorflow", "torch", "paddle", "numpy")
 SHARDS = {"jax": 2}
 WORKER_TIMEOUT = float(os.environ.get("MULTIATTN_TEST_WORKER_TIMEOUT", "2700"))
 WORKER_DIRS = {d for d, _ in WORKERS.values()}
+
+
+def _xla_env(backend: str) -> dict[str, str]:
+    flags = fast_compile_flags(backend)
+    return {} if flags is None else {"XLA_FLAGS": flags}
 
 
 def _selected_backends() -> list[str]:
@@ -191,9 +195,8 @@ def _run_worker(
         else:
             env[key] = value
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    xla_flags = fast_compile_flags(backend)
-    if xla_flags is not None:
-        env["XLA_FLAGS"] = xla_flags
+    # core's tests start processes of either XLA (conformance, examples, model checks)
+    env.update(fast_compile_env() if backend == CORE else _xla_env(backend))
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.jsonl"
         env["MULTIATTN_TEST_REPORT"] = str(report)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _xla_flags import fast_compile_flags, without_fast_compile
+from _xla_flags import fast_compile_env, without_fast_compile
 from multiattn.conformance import fixtures
 from multiattn.conformance.departures import keep_mask, recorded
 from multiattn.conformance.generate import check
@@ -99,13 +99,6 @@ DEFAULT_COMPILE_CASES = (
 )  # fmt: skip
 
 
-def _fast_compile_env() -> dict:
-    """``XLA_FLAGS`` with XLA's quick-compile options where both XLAs (jax's and
-    TensorFlow's) take them; nothing otherwise."""
-    flags = {fast_compile_flags(backend) for backend in ("jax", "tensorflow")}
-    return {"XLA_FLAGS": flags.pop()} if len(flags) == 1 and None not in flags else {}
-
-
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
     """One run of every target (the suite's longest step), shared by the tests below."""
@@ -115,7 +108,7 @@ def full_run(tmp_path_factory):
     # busy machines). XLA compiles quickly here (`_xla_flags`); XLA's defaults:
     # test_keras_jax_with_xla_defaults
     proc = run_conformance("--require-all", "--json", str(report), "--html", str(html),
-                           "--timeout", "3600", env=_fast_compile_env(),
+                           "--timeout", "3600", env=fast_compile_env(),
                            timeout=3 * 3600)  # fmt: skip
     data = json.loads(report.read_text()) if report.exists() else {}
     return proc, data, html
