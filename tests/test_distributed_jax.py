@@ -33,12 +33,9 @@ pytestmark = pytest.mark.skipif(
 # a bound for a hung run, not a speed test: the sharded run took about 60 s on a 2-core CPU
 def run_worker(script: str, *args: str, x64: bool = False, timeout: float = 1800) -> dict:
     env = dict(os.environ)
-    env.update(
-        KERAS_BACKEND="jax",
-        JAX_PLATFORMS="cpu",
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-        TF_CPP_MIN_LOG_LEVEL="3",
-    )
+    # the caller's XLA options (the test harness's quick-compile ones) and 8 host devices
+    flags = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
+    env.update(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", XLA_FLAGS=flags, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("JAX_ENABLE_X64", None)
     if x64:
         env["JAX_ENABLE_X64"] = "1"
