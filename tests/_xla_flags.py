@@ -6,9 +6,9 @@ LLVM without optimisation and the older loop emitters: XLA runs the same operati
 either way, and those tests mostly wait on its compiler. On a 2-core AMD EPYC (AVX2) an
 elementwise operation compiled in 38 ms against 76, jax's random numbers in 0.15 s
 against 0.46, three jax test files ran in 23 s against 44, TensorFlow's compiled
-decoding loops (``jit_compile``) in 67 s against 91, and the conformance suite's
-multi-head attention cases on jax (forward and gradient under ``jax.jit``) compiled in
-0.30 s against 1.42 s each, and the RNN examples' training on jax took 47 s against 67.
+decoding loops (``jit_compile``) in 67 s against 91. The conformance suite's multi-head
+attention cases on jax (forward and gradient under ``jax.jit``) compiled in 0.30 s
+against 1.42 s each, and the RNN examples' training on jax took 47 s against 67.
 `tests/test_conformance.py::test_keras_jax_with_xla_defaults` runs a case of every kind
 with XLA's defaults, which users get (these options are set only here).
 """
@@ -55,10 +55,11 @@ def fast_compile_flags(backend: str) -> str | None:
     return flags if proc.returncode == 0 else None
 
 
-def fast_compile_env() -> dict[str, str]:
-    """``{"XLA_FLAGS": ...}`` with the options of `FAST_COMPILE` for a process that may
-    start both XLAs (jax's and TensorFlow's), where both take them; empty otherwise."""
-    flags = {fast_compile_flags(backend) for backend in PROBES}
+def fast_compile_env(*backends: str) -> dict[str, str]:
+    """``{"XLA_FLAGS": ...}`` with the options of `FAST_COMPILE` for a process computing
+    on ``backends`` (default: both XLAs, jax's and TensorFlow's), where all of them take
+    the options; empty otherwise (a backend without XLA among them included)."""
+    flags = {fast_compile_flags(backend) for backend in backends or PROBES}
     return {"XLA_FLAGS": flags.pop()} if len(flags) == 1 and None not in flags else {}
 
 

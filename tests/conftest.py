@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from _xla_flags import fast_compile_env, fast_compile_flags
+from _xla_flags import fast_compile_env
 
 HERE = Path(__file__).resolve().parent
 BACKEND_DIR = HERE / "backend"
@@ -73,11 +73,6 @@ START_ORDER = (CORE, "jax", "tensorflow", "torch", "paddle", "numpy")
 SHARDS = {"jax": 2}
 WORKER_TIMEOUT = float(os.environ.get("MULTIATTN_TEST_WORKER_TIMEOUT", "2700"))
 WORKER_DIRS = {d for d, _ in WORKERS.values()}
-
-
-def _xla_env(backend: str) -> dict[str, str]:
-    flags = fast_compile_flags(backend)
-    return {} if flags is None else {"XLA_FLAGS": flags}
 
 
 def _selected_backends() -> list[str]:
@@ -196,7 +191,7 @@ def _run_worker(
             env[key] = value
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # core's tests start processes of either XLA (conformance, examples, model checks)
-    env.update(fast_compile_env() if backend == CORE else _xla_env(backend))
+    env.update(fast_compile_env() if backend == CORE else fast_compile_env(backend))
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.jsonl"
         env["MULTIATTN_TEST_REPORT"] = str(report)
