@@ -35,7 +35,8 @@ PROBES = {
 @functools.cache
 def fast_compile_flags(backend: str) -> str | None:
     """``XLA_FLAGS`` for a process computing on ``backend`` (a key of `PROBES`): the
-    caller's, with each option of `FAST_COMPILE` it does not set itself. None (leave
+    caller's, with each option of `FAST_COMPILE` it does not set itself (unprobed when
+    it sets them all: a worker's child processes inherit them). None (leave
     ``XLA_FLAGS`` as it is) for other backends, when ``MULTIATTN_TEST_XLA_FAST_COMPILE=0``,
     or when the backend's XLA refuses the options (XLA ends a process on an unknown
     flag: a subprocess tries them first)."""
@@ -45,6 +46,8 @@ def fast_compile_flags(backend: str) -> str | None:
     current = os.environ.get("XLA_FLAGS", "")
     added = [f for f in FAST_COMPILE if f.split("=")[0] not in current]
     flags = " ".join([current, *added]).strip()
+    if not added:  # the caller's options already hold every one (an inherited setting)
+        return flags
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
     try:
         proc = subprocess.run(
