@@ -706,11 +706,14 @@ class PaddleNamespace(Namespace):
         (``backward`` treats ``saved`` as constants)."""
         return _custom_gradient_layer().apply(forward, backward, *inputs)
 
-    def map_batch(self, fn: Callable[..., Any], args: Sequence[Any], chunks: int) -> Any:
-        """`Namespace.map_batch` with the slices run side by side (`_side_by_side`) and
-        joined by ``paddle.concat``; gradients flow through the slicing and the join
-        (Paddle autograd)."""
-        pieces = batch_pieces(args, chunks)
+    def map_batch(
+        self, fn: Callable[..., Any], args: Sequence[Any], chunks: int, remat: bool = True
+    ) -> Any:
+        """`Namespace.map_batch` with the slices of a ``paddle.split`` run side by side
+        (`_side_by_side`) and joined by ``paddle.concat``; gradients flow through the
+        split and the join (Paddle autograd). ``remat`` changes nothing: each call keeps
+        what Paddle's autograd keeps for it."""
+        pieces = batch_pieces(args, chunks, paddle.split)
         return join_pieces(_side_by_side(fn, pieces, args[0]), paddle.concat)
 
     # --- reductions ----------------------------------------------------------------------

@@ -329,15 +329,25 @@ class Namespace(Protocol):
             "place (writes_in_place is False); the core copies the cache instead."
         )
 
-    def map_batch(self, fn: Callable[..., Any], args: Sequence[Any], chunks: int) -> Any:
+    def map_batch(
+        self, fn: Callable[..., Any], args: Sequence[Any], chunks: int, remat: bool = True
+    ) -> Any:
         """``fn(*args)`` computed over ``chunks`` equal slices of the batch in turn and
         joined on the batch axis: the batch is ``args[0]``'s leading size ``B`` (which
         ``chunks`` divides); an argument whose leading size is ``B`` is sliced with it,
         any other (a mask or bias broadcast over the batch, ``None``) is passed whole to
         every slice. ``fn`` returns one array whose leading axis is the batch, or a tuple
         of them (then so does this). The result equals ``fn(*args)`` up to rounding, and
-        so do its gradients (taken as those of ``fn(*args)`` where the framework can).
-        Called only where `maps_batch` is True."""
+        so do its gradients (taken as those of ``fn(*args)`` where the framework can),
+        the gradient of the slicing being the join of the slices' gradients (no
+        batch-sized buffer per slice).
+
+        ``remat``: where the namespace runs the slices as one compiled loop (jax), the
+        backward pass recomputes each slice's intermediates instead of keeping every
+        slice's. False where ``fn`` has its own backward pass
+        (`Namespace.custom_gradient`), whose saved tensors are what is to be kept.
+        Namespaces that call ``fn`` once per slice keep what their automatic
+        differentiation keeps either way. Called only where `maps_batch` is True."""
         raise NotImplementedError(
             f"{type(self).__name__}.map_batch: this namespace does not map over the batch "
             "(maps_batch is False); the core runs attention in one piece."

@@ -17,8 +17,12 @@ block). Masked scores are replaced as in the forward pass, so their weights and
 gradients are exactly 0; rows with nothing to attend, whose outputs the forward pass
 zeroes, contribute nothing (their ``dO`` is zeroed first). Grouped key/value heads stay grouped: the queries of a group are
 stacked against their key/value head, as in the forward pass, so ``dK`` and ``dV`` sum
-over the group in the products. Where the plan slices the batch (``chunks``), both
-passes run over the same slices (`Namespace.map_batch`).
+over the group in the products. Where the plan slices the batch (``chunks``), each
+slice is differentiated by its own backward pass (`Namespace.map_batch` over slices that
+each have a custom gradient): what a slice saves stays with its slice, where joining
+the saved weights into one batch and cutting them again for the backward pass cost
+TensorFlow 27 ms of 98 (the attention's forward and backward pass at ``(8, 512, 8, 64)``
+float32 in 8 slices under ``tf.function``: 70 against 98 ms, and 76 ms in one piece).
 
 With ``keeps_weights`` the forward pass saves the weights themselves, ``(B, H, Tq,
 Tk)``, and the backward pass reads them instead of recomputing them: no score product
@@ -71,25 +75,26 @@ def attention(
     the weights held between the passes). Both passes run over ``chunks`` slices of the
     batch where it is above 1. Differentiable once."""
 
-    def sliced(fn: Callable[..., Any], args: tuple) -> Any:
-        return fn(*args) if chunks == 1 else ops.map_batch(fn, args, chunks)
+    def one(q: Any, k: Any, v: Any, keep: Any) -> Any:
+        def run(q: Any, k: Any, v: Any, keep: Any = None) -> tuple[Any, tuple]:
+            out, kept = forward(q, k, v, keep)
+            return out, (q, k, v, keep, out, kept)
 
-    def run(q: Any, k: Any, v: Any) -> tuple[Any, tuple]:
-        out, kept = sliced(forward, (q, k, v, keep))
-        return out, (q, k, v, out, kept)
-
-    def backward(saved: tuple, d_out: Any) -> tuple:
-        q, k, v, out, kept = saved
-        d_out = ops.cast(d_out, ops.dtype_name(out))
-
-        def grads(q, k, v, keep, out, kept, d_out):
-            return _grads(
+        def backward(saved: tuple, d_out: Any) -> tuple:
+            q, k, v, keep, out, kept = saved
+            d_out = ops.cast(d_out, ops.dtype_name(out))
+            grads = _grads(
                 ops, (q, k, v), keep, out, kept, d_out, scale, kv_heads_first, keeps_weights
             )
+            return grads if keep is None else (*grads, None)
 
-        return tuple(sliced(grads, (q, k, v, keep, out, kept, d_out)))
+        # the mask is an input (no gradient) rather than a closure: jax's custom_vjp in a
+        # compiled loop over slices may not close over the loop's values
+        return ops.custom_gradient(run, backward, (q, k, v) if keep is None else (q, k, v, keep))
 
-    return ops.custom_gradient(run, backward, (query, key, value))
+    if chunks == 1:
+        return one(query, key, value, keep)
+    return ops.map_batch(one, (query, key, value, keep), chunks, remat=False)
 
 
 def _heads_first(ops: Any, x: Any) -> Any:

@@ -37,9 +37,9 @@ def slices(monkeypatch):
     cls = type(keras_namespace())
     original = cls.map_batch
 
-    def spy(self, fn, args, chunks):
+    def spy(self, fn, args, chunks, **kw):
         seen.append(chunks)
-        return original(self, fn, args, chunks)
+        return original(self, fn, args, chunks, **kw)
 
     monkeypatch.setattr(cls, "map_batch", spy)
     return seen

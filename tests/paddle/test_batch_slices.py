@@ -33,9 +33,9 @@ def slices(monkeypatch):
     seen: list[int] = []
     original = _paddle_ops.PaddleNamespace.map_batch
 
-    def spy(self, fn, args, chunks):
+    def spy(self, fn, args, chunks, **kw):
         seen.append(chunks)
-        return original(self, fn, args, chunks)
+        return original(self, fn, args, chunks, **kw)
 
     monkeypatch.setattr(_paddle_ops.PaddleNamespace, "map_batch", spy)
     return seen
