@@ -148,6 +148,13 @@ def batch_pieces(
     return list(zip(*cut))
 
 
+def batch_views(x: Any, chunks: int) -> list:
+    """``x`` cut into ``chunks`` equal slices along axis 0 by indexing (a ``split`` for
+    `batch_pieces` whose pieces are views where the framework has them)."""
+    step = int(x.shape[0]) // chunks
+    return [x[i * step : (i + 1) * step] for i in range(chunks)]
+
+
 def join_pieces(outs: list, concat: Callable[..., Any]) -> Any:
     """The outputs of the slices of `batch_pieces` joined on the batch axis by
     ``concat(list, axis=0)``: one array, or a tuple of them where each slice gave one."""
