@@ -19,10 +19,11 @@ zeroes, contribute nothing (their ``dO`` is zeroed first). Grouped key/value hea
 stacked against their key/value head, as in the forward pass, so ``dK`` and ``dV`` sum
 over the group in the products. Where the plan slices the batch (``chunks``), each
 slice is differentiated by its own backward pass (`Namespace.map_batch` over slices that
-each have a custom gradient): what a slice saves stays with its slice, where joining
-the saved weights into one batch and cutting them again for the backward pass cost
-TensorFlow 27 ms of 98 (the attention's forward and backward pass at ``(8, 512, 8, 64)``
-float32 in 8 slices under ``tf.function``: 70 against 98 ms, and 76 ms in one piece).
+each have a custom gradient): what a slice saves stays with its slice. Joining the
+saved weights into one batch and cutting them again for the backward pass made the
+slices lose on TensorFlow (the attention's forward and backward pass at ``(8, 512, 8,
+64)`` float32 in 8 slices under ``tf.function``, medians of 9 in two runs alternated:
+79 and 85 ms, against 100 and 94 ms joined; 85 and 84 ms in one piece).
 
 With ``keeps_weights`` the forward pass saves the weights themselves, ``(B, H, Tq,
 Tk)``, and the backward pass reads them instead of recomputing them: no score product
