@@ -262,3 +262,50 @@ def test_the_setting_scopes_its_value():
         with config.settings(attention_backward=None):
             assert config.get_attention_backward() is None
     assert config.get_attention_backward() is None
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax's slices are one compiled loop")
+@pytest.mark.parametrize(("backward", "products"), [("recompute", 7), ("saved", 6)])
+def test_jax_slices_run_each_forward_pass_once(backward, products):
+    """The own backward pass over jax's slices keeps what each slice saved: the
+    differentiated program has the forward pass's two products (scores, weighted sum)
+    and the backward pass's four (``dP``, ``dV``, ``dQ``, ``dK``), and recomputing the
+    weights a fifth (the scores); rematerialised slices would run the forward pass's
+    two again."""
+    import jax
+
+    q, k, v = (cast(a, "float32") for a in _inputs())
+    kw = {"mask": RNG.random((B, 1, TQ, TK)) < 0.7}
+
+    def loss(q, k, v):
+        return jax.numpy.sum(sdpa_call(q, k, v, kw))
+
+    with config.settings(attention_chunks=2, attention_backward=backward, fused_attention=False):
+        program = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
+    assert "scan" in program, "the slices are not one compiled loop"
+    assert program.count("dot_general") == products, program
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's slices are cut in its graph")
+@pytest.mark.parametrize("backward", ["recompute", "saved", "autodiff"])
+def test_tensorflow_slices_take_their_gradients_without_batch_sized_buffers(backward):
+    """Differentiated, the slices of the batch are cut by a split, whose gradient joins
+    the slices' gradients: no slice's gradient is a zero-filled batch
+    (``StridedSliceGrad``, ``Slice`` gradients padded to the batch)."""
+    import tensorflow as tf
+
+    q, k, v = (tf.constant(a, tf.float32) for a in _inputs())
+    kw = {"mask": RNG.random((B, 1, TQ, TK)) < 0.7}
+
+    @tf.function
+    def grads(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = sdpa_call(q, k, v, kw)
+        return tape.gradient(out, [q, k, v])
+
+    with config.settings(attention_chunks=2, attention_backward=backward, fused_attention=False):
+        graph = grads.get_concrete_function(q, k, v).graph
+    kinds = {op.type for op in graph.get_operations()}
+    assert "Split" in kinds, sorted(kinds)
+    assert not kinds & {"StridedSliceGrad", "Pad", "PadV2"}, sorted(kinds)

@@ -155,6 +155,24 @@ def test_core_attention_slices_give_the_oracle_values_and_gradients(slices, mask
         assert_close(got, expected, "float64")
 
 
+@pytest.mark.parametrize("grad", [True, False], ids=["gradients", "no-gradients"])
+def test_the_batch_is_split_where_gradients_flow_and_viewed_elsewhere(monkeypatch, grad):
+    """Where a gradient can reach an argument the pieces come from ``paddle.split``
+    (whose gradient is one ``concat``); elsewhere from indexing (views, no copy)."""
+    splits: list[int] = []
+    original = paddle.split
+
+    def spy(x, num_or_sections, *args, **kwargs):
+        splits.append(num_or_sections)
+        return original(x, num_or_sections, *args, **kwargs)
+
+    monkeypatch.setattr(paddle, "split", spy)
+    xs = [tensor(RNG.standard_normal((4, 3)), "float32", grad=grad) for _ in range(2)]
+    got = _paddle_ops.PaddleNamespace().map_batch(lambda a, b: a * b, xs, 2)
+    assert splits == ([2, 2] if grad else [])
+    assert_close(got, to_np(xs[0]) * to_np(xs[1]), "float32")
+
+
 def test_core_attention_measures_the_slices_in_eager_calls():
     tuning.reset()
     # scores of 8 * 4 * 128 * 128 float32 = 2 MiB, above CHUNK_MIN_BYTES
