@@ -251,3 +251,21 @@ def test_the_memory_setup_names_the_allocator_variables(monkeypatch):
     assert describe_memory({}) == (
         "Memory: transparent huge pages unknown; allocator variables: none set"
     )
+
+
+def test_the_report_says_when_the_adapters_come_from_another_tree(tmp_path):
+    from pathlib import Path
+
+    from multiattn.bench.common import code_origin, describe_code, trees_differ
+
+    here = code_origin()
+    assert not here["mixed"] and describe_code(here) is None
+    assert Path(here["core"]).name == "multiattn"
+    checkout, other = tmp_path / "checkout", tmp_path / "worktree"
+    assert not trees_differ(checkout / "multiattn", checkout / "backends")
+    assert not trees_differ(checkout / "multiattn", checkout / "multiattn" / "backends")
+    assert trees_differ(other / "multiattn", checkout / "backends")
+    line = describe_code(
+        {"core": str(other / "multiattn"), "adapters": str(checkout / "backends"), "mixed": True}
+    )
+    assert str(checkout / "backends") in line and str(other / "multiattn") in line

@@ -345,6 +345,43 @@ def describe_memory(machine: dict[str, Any]) -> str:
     return f"Memory: transparent huge pages {mode}; allocator variables: {found}"
 
 
+def code_origin() -> dict[str, Any]:
+    """Where the running ``multiattn`` and its adapters (``multiattn.backends``) come
+    from, found without importing a framework: ``core`` and ``adapters`` (folders) and
+    ``mixed`` (`trees_differ`). An editable install maps the adapters to its own
+    checkout whatever ``PYTHONPATH`` puts first, so a run of another tree's core (a
+    worktree of an older commit) would time the installed checkout's adapters with it."""
+    import importlib.util
+    from pathlib import Path
+
+    core = Path(__file__).resolve().parents[1]
+    spec = importlib.util.find_spec("multiattn.backends")
+    places = list(spec.submodule_search_locations or []) if spec else []
+    adapters = Path(places[0]).resolve() if places else None
+    return {
+        "core": str(core),
+        "adapters": None if adapters is None else str(adapters),
+        "mixed": adapters is not None and trees_differ(core, adapters),
+    }
+
+
+def trees_differ(core: Any, adapters: Any) -> bool:
+    """Whether the adapters' folder is not that of the core's tree: ``multiattn/backends``
+    inside the core (an installed wheel) or ``backends`` beside it (a checkout)."""
+    return adapters.parent not in (core, core.parent)
+
+
+def describe_code(code: dict[str, Any]) -> str | None:
+    """A warning line where `code_origin` found two trees; None otherwise."""
+    if not code.get("mixed"):
+        return None
+    return (
+        f"note: multiattn runs from {code['core']} but its adapters (multiattn.backends) "
+        f"from {code['adapters']}, another tree (an editable install's checkout): the "
+        "adapter rows time that tree's adapters with this tree's core"
+    )
+
+
 def describe_cpu(machine: dict[str, Any]) -> str:
     """``CPU: <model>, <n> cores; instruction sets: avx2 fma avx512f ...``."""
     isa = " ".join(machine.get("cpu_isa") or []) or "unknown (no /proc/cpuinfo flags)"

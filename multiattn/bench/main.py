@@ -22,7 +22,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .common import MODES, attention_flops, describe_cpu, machine_info
+from .common import (
+    MODES,
+    attention_flops,
+    code_origin,
+    describe_code,
+    describe_cpu,
+    machine_info,
+)
 from .impls import FRAMEWORKS, NATIVE_NOTE, missing_modules
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -327,8 +334,12 @@ def main(argv: list[str] | None = None) -> int:
         "multiattn": own_version,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine,
+        "code": code_origin(),
         "config": cfg,
     }
+    mixed = describe_code(report["code"])
+    if mixed:
+        console.print(f"[yellow]{mixed}[/]", markup=True)
     if machine["load_average_start"] and machine["load_average_start"][0] > 0.5:
         console.print(
             f"[yellow]note: load average {machine['load_average_start'][0]:.2f}; other "
