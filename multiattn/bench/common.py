@@ -378,7 +378,7 @@ def describe_code(code: dict[str, Any]) -> str | None:
     return (
         f"note: multiattn runs from {code['core']} but its adapters (multiattn.backends) "
         f"from {code['adapters']}, another tree (an editable install's checkout): the "
-        "adapter rows time that tree's adapters with this tree's core"
+        "Paddle rows time that tree's adapters with this tree's core"
     )
 
 
