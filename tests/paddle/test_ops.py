@@ -368,16 +368,54 @@ def test_take(dtype):
         PNS.take(pd(x), np.array([0.5]))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("contract", [1, 2])
-def test_linear(dtype, contract):
+@pytest.mark.parametrize("out", [(5,), (3, 2)], ids=["out5", "out3x2"])
+def test_linear(dtype, contract, out):
     x = sample((2, 3, 4, 2), dtype)
-    kernel = sample((4, 2, 5) if contract == 2 else (2, 5), dtype)
-    bias = sample((5,), dtype)
+    kernel = sample(((4, 2) if contract == 2 else (2,)) + out, dtype)
+    bias = sample(out, dtype)
     compare("linear", x, kernel, bias, contract=contract)
     compare("linear", x, kernel, contract=contract)
     with pytest.raises(ValueError, match="`contract`"):
         PNS.linear(pd(x), pd(kernel), contract=5)
+
+
+def test_linear_of_empty_inputs():
+    kernel = sample((4, 3, 2), "float32")
+    compare("linear", np.zeros((0, 5, 4), "float32"), kernel, sample((3, 2), "float32"))
+    compare("linear", np.zeros((2, 0, 4), "float32"), kernel)
+
+
+def test_linear_refuses_contracted_axes_that_differ_from_the_kernels():
+    x, kernel = pd(sample((2, 3, 2, 6), "float32")), pd(sample((3, 4, 5), "float32"))
+    with pytest.raises(ValueError, match=r"last 2 axes of `x` \[2, 6\].*\[3, 4\]"):
+        PNS.linear(x, kernel, contract=2)  # 2 * 6 == 3 * 4: a flat product would run
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_gradients_match_the_einsum_and_addition(with_bias):
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(s) for s in ((2, 3, 4), (4, 3, 2), (3, 2))]
+    weights = rng.standard_normal((2, 3, 3, 2))
+
+    def grads(fn):
+        x, kernel, bias = (paddle.to_tensor(a, stop_gradient=False) for a in arrays)
+        y = fn(x, kernel, bias if with_bias else None)
+        (y * paddle.to_tensor(weights)).sum().backward()
+        return [t.grad.numpy() if t.grad is not None else None for t in (x, kernel, bias)]
+
+    def einsum_and_add(x, kernel, bias):
+        y = PNS.einsum("abc,cde->abde", x, kernel)
+        return y if bias is None else y + bias
+
+    got = grads(PNS.linear)
+    want = grads(einsum_and_add)
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
