@@ -213,6 +213,35 @@ def test_shape_ops(dtype):
     compare("broadcast_to", x[:, :1, :], (2, 3, 4))
 
 
+@pytest.mark.parametrize("dtype", ["bool", "int32", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize(
+    "shape, perm",
+    [
+        ((2, 3, 4, 5), (0, 2, 1, 3)),  # heads first: the data moves
+        ((2, 1, 4, 5), (0, 2, 1, 3)),  # one query: only an axis of length 1 moves
+        ((1, 3, 1, 5), (2, 0, 3, 1)),
+        ((2, 0, 4), (1, 0, 2)),  # empty
+        ((3,), (0,)),
+    ],
+)
+def test_permutations(dtype, shape, perm):
+    x = sample(shape, dtype)
+    got = compare("transpose", x, perm)
+    if dtype in ("float32", "float64"):
+        assert got.is_contiguous()  # (strided views are read through a slow copy)
+    if len(shape) > 1:
+        compare("moveaxis", x, perm[0], -1)
+        compare("moveaxis", x, [0, -1], [-1, 0])
+
+
+def test_a_permutation_passes_gradients_back_permuted():
+    rng = np.random.default_rng(5)
+    x = paddle.to_tensor(rng.standard_normal((2, 3, 4, 5)), stop_gradient=False)
+    weights = rng.standard_normal((2, 4, 3, 5))
+    (PNS.transpose(x, (0, 2, 1, 3)) * paddle.to_tensor(weights)).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), weights.transpose(0, 2, 1, 3))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_concatenate(dtype):
     a, b, c = sample((2, 3, 4), dtype), sample((2, 1, 4), dtype), sample((2, 2, 4), dtype)
