@@ -202,6 +202,17 @@ def _permuted(x: paddle.Tensor, perm: list[int]) -> paddle.Tensor:
     return paddle.einsum(f"{labels}->{''.join(labels[a] for a in perm)}", x)
 
 
+def _expanded(a: paddle.Tensor, b: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """``a`` and ``b`` expanded to their broadcast shape where their shapes differ:
+    Paddle's logical operations broadcast slowly on the CPU (a causal mask ``(1, 1, 512,
+    512)`` AND the slots ``(8, 1, 1, 512)``: 17 ms, against 2.2 for the two expanded
+    first)."""
+    if a.shape == b.shape:
+        return a, b
+    shape = paddle.broadcast_shape(a.shape, b.shape)
+    return paddle.expand(a, shape), paddle.expand(b, shape)
+
+
 def _exp_flushed(x: paddle.Tensor) -> paddle.Tensor:
     """``paddle.exp`` with results below the dtype's smallest normal number set to 0 (see
     `PaddleNamespace.exp`)."""
@@ -687,12 +698,12 @@ class PaddleNamespace(Namespace):
         return paddle.multiply(a.astype(wide), b.astype(wide)).astype(dtype)
 
     def logical_and(self, x1: Any, x2: Any) -> paddle.Tensor:
-        """Elementwise AND of the truth values of ``x1`` and ``x2`` (bool)."""
-        return paddle.logical_and(self._bool(x1), self._bool(x2))
+        """Elementwise AND of the truth values of ``x1`` and ``x2`` (bool, broadcast)."""
+        return paddle.logical_and(*_expanded(self._bool(x1), self._bool(x2)))
 
     def logical_or(self, x1: Any, x2: Any) -> paddle.Tensor:
-        """Elementwise OR of the truth values of ``x1`` and ``x2`` (bool)."""
-        return paddle.logical_or(self._bool(x1), self._bool(x2))
+        """Elementwise OR of the truth values of ``x1`` and ``x2`` (bool, broadcast)."""
+        return paddle.logical_or(*_expanded(self._bool(x1), self._bool(x2)))
 
     def logical_not(self, x: Any) -> paddle.Tensor:
         """Elementwise NOT of the truth value of ``x`` (bool)."""
