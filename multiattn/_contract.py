@@ -69,6 +69,11 @@ class Namespace(Protocol):
     #: eager calls as on compiled ones. False: eager calls run in one piece unless
     #: ``attention_chunks`` is set.
     maps_batch_eagerly: bool = False
+    #: Elementwise arithmetic broadcasts an operand over inner axes far more slowly than
+    #: it combines operands of one shape (Paddle's CPU kernels). True: where the core
+    #: reuses such an operand (rotary's cos/sin tables over heads) it `broadcast_to`\ s
+    #: it to the full shape once, first.
+    broadcasts_slowly: bool = False
 
     # --- conversion, dtypes and shapes ----------------------------------------------------
 

@@ -10,6 +10,7 @@ from _paddle_support import assert_close, rounded, tensor
 
 from multiattn import ops
 from multiattn import reference as ref
+from multiattn._namespace import get_ops
 
 RNG = np.random.default_rng(23)
 LLAMA3 = {
@@ -54,3 +55,22 @@ def test_rotary_variants_on_paddle(kwargs, dtype):
     assert isinstance(got, paddle.Tensor)
     want = ref.rotary_embedding(x.transpose(0, 2, 1, 3), 20 + np.arange(5), 100.0, **kwargs)
     assert_close(got, want.transpose(0, 2, 1, 3), dtype)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"interleaved": True}, {"rotary_dim": 4}])
+def test_rotary_broadcasts_its_tables_once_and_rotates_the_same(kwargs, monkeypatch):
+    # Paddle declares `broadcasts_slowly`: the tables go to the full shape first
+    x = tensor(RNG.standard_normal((2, 5, 3, 8)), "float32")
+    ns = type(get_ops(x))
+    seen: list = []
+    spy = ns.broadcast_to
+    monkeypatch.setattr(
+        ns, "broadcast_to", lambda self, t, shape: seen.append(shape) or spy(self, t, shape)
+    )
+    got = ops.rotary_embedding(x, offset=3, **kwargs).numpy()
+    half = (kwargs.get("rotary_dim") or 8) // 2
+    assert [tuple(s) for s in seen] == [(2, 5, 3, half)] * 2
+    monkeypatch.setattr(ns, "broadcasts_slowly", False)
+    seen.clear()
+    np.testing.assert_array_equal(got, ops.rotary_embedding(x, offset=3, **kwargs).numpy())
+    assert seen == []
