@@ -179,8 +179,18 @@ def _axis_arg(axis: Any) -> Any:
     return [int(a) for a in axis]
 
 
+def _axes_in(ndim: int, axes: Any) -> list[int] | None:
+    """``axes`` (an int or a sequence) as distinct axes in ``[0, ndim)``, negative ones
+    counted from the end; None where one is out of range or repeated."""
+    given = [int(a) for a in np.atleast_1d(np.asarray(axes))]
+    if not all(-ndim <= a < ndim for a in given):
+        return None
+    out = [a % ndim for a in given]
+    return out if len(set(out)) == len(out) else None
+
+
 def _permuted(x: paddle.Tensor, perm: list[int]) -> paddle.Tensor:
-    """``x`` with its axes in the order ``perm``, as a tensor of its own layout.
+    """``x`` with its axes in the order ``perm`` (checked), as a tensor of its own layout.
 
     ``paddle.transpose`` gives a view with permuted strides, and Paddle's CPU kernels
     read such a view through a slow copy: a matrix product of two heads-first views
@@ -192,7 +202,7 @@ def _permuted(x: paddle.Tensor, perm: list[int]) -> paddle.Tensor:
     key) is a reshape. Elsewhere (other dtypes, empty tensors, ``paddle.jit.to_static``'s
     translation, see `_in_sot`) it stays ``paddle.transpose``."""
     shape = [int(d) for d in x.shape]
-    if sorted(perm) != list(range(x.ndim)) or 0 in shape or _in_sot():
+    if 0 in shape or _in_sot():
         return paddle.transpose(x, perm)
     if [a for a in perm if shape[a] != 1] == [a for a in range(x.ndim) if shape[a] != 1]:
         return paddle.reshape(x, [shape[a] for a in perm])
@@ -496,7 +506,12 @@ class PaddleNamespace(Namespace):
     def transpose(self, x: Any, axes: Sequence[int] | None = None) -> paddle.Tensor:
         """``x`` with its axes permuted (reversed when ``axes`` is None)."""
         x = self._t(x)
-        perm = list(range(x.ndim))[::-1] if axes is None else [int(a) for a in axes]
+        perm = list(range(x.ndim))[::-1] if axes is None else _axes_in(x.ndim, axes)
+        if perm is None or len(perm) != x.ndim:
+            raise ValueError(
+                f"PaddleNamespace.transpose: `axes` must order each of the {x.ndim} axes "
+                f"once; received {axes!r}."
+            )
         return _permuted(x, perm)
 
     def moveaxis(
@@ -504,13 +519,12 @@ class PaddleNamespace(Namespace):
     ) -> paddle.Tensor:
         """``x`` with axes ``source`` moved to ``destination``."""
         x = self._t(x)
-        if x.ndim == 0:
-            return paddle.moveaxis(x, _axis_arg(source), _axis_arg(destination))
-        sources, destinations = (
-            [int(a) % x.ndim for a in np.atleast_1d(np.asarray(v))] for v in (source, destination)
-        )
-        if len(sources) != len(destinations) or len(set(sources)) != len(sources):
-            return paddle.moveaxis(x, _axis_arg(source), _axis_arg(destination))  # its error
+        sources, destinations = (_axes_in(x.ndim, v) for v in (source, destination))
+        if sources is None or destinations is None or len(sources) != len(destinations):
+            raise ValueError(
+                f"PaddleNamespace.moveaxis: `source` and `destination` must name as many "
+                f"distinct axes of the {x.ndim}; received {source!r} and {destination!r}."
+            )
         perm = [a for a in range(x.ndim) if a not in sources]
         for dest, src in sorted(zip(destinations, sources)):
             perm.insert(dest, src)
@@ -904,8 +918,8 @@ class PaddleNamespace(Namespace):
     def linear(self, x: Any, kernel: Any, bias: Any = None, contract: int = 1) -> paddle.Tensor:
         """A dense projection: ``x`` ``(..., *k)`` contracted with ``kernel`` ``(*k, *n)``
         over the ``contract`` axes ``k``, plus ``bias`` ``(*n)`` (or None): ``(..., *n)``;
-        floats as one matrix product with the bias (`_matmul_bias`), other dtypes by
-        `einsum` and an addition."""
+        floats as one matrix product and the bias added (`_matmul_bias`), other dtypes
+        by `einsum` and an addition."""
         x, kernel = self._t(x), self._t(kernel)
         if isinstance(contract, bool) or not isinstance(contract, (int, np.integer)):
             raise TypeError(
@@ -933,9 +947,7 @@ class PaddleNamespace(Namespace):
 
         Against ``paddle.einsum`` it saves Python and dispatch work per call: the
         projections of a decoding step, ``(1, 1, 256) @ (256, 256)``, took 9 µs as a
-        ``paddle.matmul`` against 62 as a ``paddle.einsum``. (``paddle.nn.functional.
-        linear``, one operation with the bias, breaks the graph of
-        ``paddle.jit.to_static``.)"""
+        ``paddle.matmul`` against 62 as a ``paddle.einsum``."""
         taken = [int(d) for d in x.shape[x.ndim - contract :]]
         given = [int(d) for d in kernel.shape[:contract]]
         if taken != given:

@@ -1149,3 +1149,15 @@ def test_attention_over_empty_sequences_gives_zeros_and_zero_gradients(tq, tk, k
     grads = paddle_grads(PNS.sum(out) + PNS.sum(weights), leaves)
     for g, a in zip(grads, arrays):
         assert g.shape == a.shape and not np.any(g)
+
+
+def test_bad_permutations_raise():
+    x = pd(sample((2, 3, 4), "float32"))
+    for bad in ((0, 1), (0, 1, 3), (0, 0, 1)):  # (paddle.transpose takes the first)
+        with pytest.raises(ValueError, match=r"`axes` must order each of the 3 axes"):
+            PNS.transpose(x, bad)
+    for source, destination in ((3, 0), ([0, 0], [1, 2]), ([0, 1], [2])):
+        with pytest.raises(ValueError, match="`source` and `destination`"):
+            PNS.moveaxis(x, source, destination)
+    compare("transpose", sample((2, 3, 4), "float32"), (0, -1, 1))
+    compare("moveaxis", sample((2, 3, 4), "float32"), -3, -1)
