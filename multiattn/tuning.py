@@ -112,6 +112,7 @@ __all__ = [
     "REPEATS",
     "Decision",
     "attention_chunks",
+    "backward_margin",
     "blockwise_attention_pays",
     "bucket",
     "cpu_info",
@@ -739,7 +740,8 @@ def attention_backward(
     k, v, scale, chunks, kv_heads_first, backward)`` the same with its own backward pass
     (``backward`` ``"recompute"`` or ``"saved"``). All are timed forward and backward
     on random inputs of the call's full size, compiled as the caller is; automatic
-    differentiation keeps the class unless another is more than `MARGIN` faster. The
+    differentiation keeps the class unless another is faster by more than
+    `backward_margin` (`MARGIN`; none on TensorFlow). The
     class is `attention_chunks`' with the slices. Not timed (automatic
     differentiation): eager calls (they are not compiled: the caller asks only when
     tracing), backends other than jax and TensorFlow, keys and values heads first (a KV
@@ -776,7 +778,29 @@ def attention_backward(
         sliced = f" in {chunks} slices" if chunks > 1 else ""
         return runs, f"{timed}{sliced}, forward and backward"
 
-    return _decide_eagerly("attention-backward", cls, candidates, "autodiff", measurable, why)
+    return _decide_eagerly(
+        "attention-backward", cls, candidates, "autodiff", measurable, why,
+        margin=backward_margin(ops.backend),
+    )  # fmt: skip
+
+
+def backward_margin(backend: str) -> float:
+    """How much faster than automatic differentiation another way of differentiating
+    the explicit path must be to be chosen (`attention_backward`): `MARGIN`, except on
+    TensorFlow, where none.
+
+    The margin stands for what the timed attention does not show, and on jax that
+    favours automatic differentiation (over slices it holds what it recomputes, not the
+    weights). On TensorFlow automatic differentiation and the saved weights hold the
+    same tensors (the weights) and the saved weights' backward pass does less (a sum
+    over the outputs instead of the softmax's product and sum over the score matrix), so
+    nothing untimed favours automatic differentiation, and a margin handed it a choice
+    that lost in the layer: the attention alone at ``(8, 512, 8, 64)`` in 8 slices,
+    forward and backward, 68.6 to 74.8 ms with the saved weights against 73.9 to 78.9
+    (three processes, 15 interleaved runs each), within the margin in some processes;
+    the layer (batch 8, length 512, width 512, 8 heads) 151 and 153 ms against 158 and
+    158 (two processes)."""
+    return 0.0 if backend == "tensorflow" else MARGIN
 
 
 def blockwise_attention_pays(
@@ -990,6 +1014,7 @@ def _decide_eagerly(
     measurable: bool,
     why: str,
     prefer: Sequence[str] = (),
+    margin: float = MARGIN,
 ) -> str:
     """`decide` for a class whose ``backend`` and ``device`` fields name the framework,
     timing outside any ``jax.jit`` / ``tf.function`` trace under way."""
@@ -1003,7 +1028,7 @@ def _decide_eagerly(
             measurable=measurable,
             reason=why,
             sync=_sync(backend, cls["device"]),
-            margin=MARGIN,
+            margin=margin,
             prefer=prefer,
         )
 

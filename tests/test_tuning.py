@@ -250,3 +250,26 @@ def test_concurrent_first_calls_time_once(monkeypatch):
 
 def test_bucket():
     assert [tuning.bucket(n) for n in (0, 1, 2, 3, 64, 65, 4096)] == [1, 1, 2, 4, 64, 128, 4096]
+
+
+@pytest.mark.parametrize(("backend", "choice"), [("tensorflow", "saved"), ("jax", "autodiff")])
+def test_attention_backward_margin_protects_autodiff_except_on_tensorflow(
+    monkeypatch, backend, choice
+):
+    # the saved weights 3% faster: on TensorFlow they hold what automatic
+    # differentiation holds, so nothing untimed argues for keeping it there
+    clock = FakeClock()
+    monkeypatch.setattr(tuning, "_clock", clock)
+    unit = 2.0**-7
+
+    def candidates():
+        return {
+            "autodiff": clock.candidate("autodiff", unit),
+            "saved": clock.candidate("saved", unit * 0.97),
+        }, ""
+
+    got = tuning.decide(
+        "attention-backward", {"backend": backend}, candidates, fallback="autodiff",
+        margin=tuning.backward_margin(backend),
+    )  # fmt: skip
+    assert got == choice
