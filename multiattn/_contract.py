@@ -71,8 +71,8 @@ class Namespace(Protocol):
     maps_batch_eagerly: bool = False
     #: Elementwise arithmetic broadcasts an operand over inner axes far more slowly than
     #: it combines operands of one shape (Paddle's CPU kernels). True: where the core
-    #: reuses such an operand (rotary's cos/sin tables over heads) it `broadcast_to`\ s
-    #: it to the full shape once, first.
+    #: reuses such an operand (rotary's cos/sin tables over heads) it broadcasts it to
+    #: the full shape once first (`broadcast_to`).
     broadcasts_slowly: bool = False
 
     # --- conversion, dtypes and shapes ----------------------------------------------------

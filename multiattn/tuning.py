@@ -790,8 +790,8 @@ def backward_margin(backend: str) -> float:
     TensorFlow, where none.
 
     The margin stands for what the timed attention does not show, and on jax that
-    favours automatic differentiation (over slices it holds what it recomputes, not the
-    weights). On TensorFlow automatic differentiation and the saved weights hold the
+    favours automatic differentiation: over slices it recomputes each slice's forward
+    pass instead of holding its weights, memory the timing does not see. On TensorFlow automatic differentiation and the saved weights hold the
     same tensors (the weights) and the saved weights' backward pass does less (a sum
     over the outputs instead of the softmax's product and sum over the score matrix), so
     nothing untimed favours automatic differentiation, and a margin handed it a choice
