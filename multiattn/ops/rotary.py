@@ -241,7 +241,7 @@ def apply_rotary(ops: Any, x: Any, cos: Any, sin: Any, interleaved: bool = False
         x1, x2 = x[..., :half], x[..., half : 2 * half]
     cos = ops.expand_dims(cos, 1)  # (T, 1, R/2): broadcast over heads
     sin = ops.expand_dims(sin, 1)
-    if ops.broadcasts_slowly:  # each table is read four times: broadcast it once
+    if ops.broadcasts_slowly:  # each table is used twice: broadcast it once
         cos, sin = (ops.broadcast_to(t, ops.shape(x1)) for t in (cos, sin))
     out = ops.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     if interleaved:
