@@ -791,11 +791,12 @@ def backward_margin(backend: str) -> float:
 
     The margin stands for what the timed attention does not show, and on jax that
     favours automatic differentiation: over slices it recomputes each slice's forward
-    pass instead of holding its weights, memory the timing does not see. On TensorFlow automatic differentiation and the saved weights hold the
-    same tensors (the weights) and the saved weights' backward pass does less (a sum
-    over the outputs instead of the softmax's product and sum over the score matrix), so
-    nothing untimed favours automatic differentiation, and a margin handed it a choice
-    that lost in the layer: the attention alone at ``(8, 512, 8, 64)`` in 8 slices,
+    pass instead of holding its weights, memory the timing does not see. On TensorFlow
+    automatic differentiation and the saved weights hold the same tensors (the
+    weights) and the saved weights' backward pass does less (a sum over the outputs
+    instead of the softmax's product and sum over the score matrix), so nothing untimed
+    favours automatic differentiation, and a margin handed it a choice that lost in the
+    layer: the attention alone at ``(8, 512, 8, 64)`` in 8 slices,
     forward and backward, 68.6 to 74.8 ms with the saved weights against 73.9 to 78.9
     (three processes, 15 interleaved runs each), within the margin in some processes;
     the layer (batch 8, length 512, width 512, 8 heads) 151 and 153 ms against 158 and
