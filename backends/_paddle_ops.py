@@ -492,14 +492,17 @@ class PaddleNamespace(Namespace):
         return paddle.concat(tensors, axis=int(axis))
 
     def expand_dims(self, x: Any, axis: int | Sequence[int]) -> paddle.Tensor:
-        """``x`` with new axes of size 1 at ``axis`` (positions in the result, NumPy-style)."""
+        """``x`` with new axes of size 1 at ``axis`` (positions in the result, NumPy-style:
+        distinct, in ``[-r, r)`` for a result of rank ``r``, else ``ValueError``)."""
         x = self._t(x)
-        axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
-        ndim = x.ndim + len(axes)
-        normalized = sorted(int(a) % ndim for a in axes)
-        if len(set(normalized)) != len(normalized):
-            raise ValueError(f"PaddleNamespace.expand_dims: repeated axis in {axis!r}.")
-        for a in normalized:
+        ndim = x.ndim + int(np.size(axis))
+        normalized = _axes_in(ndim, axis)
+        if normalized is None:
+            raise ValueError(
+                f"PaddleNamespace.expand_dims: `axis` must name distinct axes of the rank-{ndim} "
+                f"result, in [{-ndim}, {ndim}); received {axis!r}."
+            )
+        for a in sorted(normalized):
             x = paddle.unsqueeze(x, a)
         return x
 

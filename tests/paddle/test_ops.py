@@ -1161,3 +1161,9 @@ def test_bad_permutations_raise():
             PNS.moveaxis(x, source, destination)
     compare("transpose", sample((2, 3, 4), "float32"), (0, -1, 1))
     compare("moveaxis", sample((2, 3, 4), "float32"), -3, -1)
+    # NumPy refuses these too; Paddle's namespace used to wrap 4 to 0 and -5 to 3
+    for bad in (4, -5, (0, 0), (0, 5)):
+        with pytest.raises(ValueError, match=r"`axis` must name distinct axes of the rank"):
+            PNS.expand_dims(x, bad)
+    for axis in (3, -4, (0, 4), (-1, -5)):
+        compare("expand_dims", sample((2, 3, 4), "float32"), axis)
