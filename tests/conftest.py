@@ -25,6 +25,8 @@ Environment:
     MULTIATTN_TEST_WORKER_TIMEOUT: seconds a worker may run before it is stopped and
         reported as failed with the end of its output (default 2700; twice that for
         ``core``, the longest).
+    MULTIATTN_TEST_SLOWEST: how many of the workers' slowest tests and test files the
+        summary lists (default 25; 0 lists none).
     MULTIATTN_TEST_XLA_FAST_COMPILE: ``0`` runs the jax, tensorflow and core workers
         (and the processes they start) with XLA's default compiler options; by default
         they compile with `_xla_flags.FAST_COMPILE` (see `_xla_flags.fast_compile_flags`).
@@ -275,26 +277,34 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 _WORKER_RECORDS = pytest.StashKey[list]()
-#: how many of the slowest tests run by workers the outer session lists (its own
-#: --durations only sees the replayed results, which take no time)
-SLOWEST_SHOWN = 25
+
+
+def _slowest_shown() -> int:
+    """How many of the slowest tests run by workers, and of the slowest test files, the
+    outer session lists (``MULTIATTN_TEST_SLOWEST``, default 25): its own --durations
+    only sees the replayed results, which take no time."""
+    raw = os.environ.get("MULTIATTN_TEST_SLOWEST", "25")
+    if not raw.strip().isdigit():
+        raise pytest.UsageError(f"MULTIATTN_TEST_SLOWEST: a count >= 0; received {raw!r}")
+    return int(raw)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     if IS_WORKER:
         return
+    shown = _slowest_shown()
     records = config.stash.get(_WORKER_RECORDS, [])
     timed = sorted((r for r in records if r.get("duration")), key=lambda r: -r["duration"])
-    if not timed:
+    if not timed or not shown:
         return
-    terminalreporter.section(f"slowest {min(SLOWEST_SHOWN, len(timed))} tests of the workers")
-    for rec in timed[:SLOWEST_SHOWN]:
+    terminalreporter.section(f"slowest {min(shown, len(timed))} tests of the workers")
+    for rec in timed[:shown]:
         terminalreporter.write_line(f"{rec['duration']:8.2f}s {rec['backend']:<10} {rec['nodeid']}")
     files: dict[tuple[str, str], float] = {}
     for rec in timed:
         key = (rec["backend"], rec["nodeid"].split("::")[0])
         files[key] = files.get(key, 0.0) + rec["duration"]
-    slowest = sorted(files.items(), key=lambda item: -item[1])[:SLOWEST_SHOWN]
+    slowest = sorted(files.items(), key=lambda item: -item[1])[:shown]
     terminalreporter.section(f"slowest {len(slowest)} test files of the workers (summed)")
     for (backend, path), seconds in slowest:
         terminalreporter.write_line(f"{seconds:8.2f}s {backend:<10} {path}")
@@ -334,6 +344,8 @@ def _core_files(config: pytest.Config, items: list) -> list[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "backend(name): the Keras backend a replayed test ran on")
+    if not IS_WORKER:
+        _slowest_shown()  # a bad setting stops the run before any worker starts
     _share_jax_compilations(config)
 
 
