@@ -79,6 +79,7 @@ __all__ = [
     "get_torch_traced_step",
     "get_ynn_fusions",
     "owned_caches",
+    "process_cores",
     "reload_environment",
     "set_attention_memory_budget",
     "set_torch_onednn",
@@ -266,12 +267,15 @@ def settings(
             ``tf.while_loop`` compiled by XLA, with no return to Python between tokens.
             False loops in Python over the compiled one-token step (as sampling always
             does). Both give the same tokens. Read at each ``generate`` call.
-        decode_threads: how many threads greedy ``generate`` splits its rows over where
-            it runs the compiled loop (jax, TensorFlow): each thread decodes a group of
-            rows (its own prompt pass and loop, compiled per group shape), and XLA runs
-            the groups side by side on the machine's cores. None (the default) takes the
-            cores this process may run on (``os.sched_getaffinity``), at most one thread
-            per row; 1 decodes the batch in one piece. A positive int. Rows are
+        decode_threads: how many compiled loops greedy ``generate`` runs side by side,
+            each in a thread of its own over a group of rows, where it runs the
+            compiled loop (jax, TensorFlow); XLA runs them on the machine's cores. The
+            prompt passes run in at most one group per core (``process_cores``), and
+            each prompt group's rows are shared out among its part of the loops. None
+            (the default): one loop per core this process may run on, at most one per
+            row; 1 decodes the batch in one piece. A positive int: that many loops, at
+            most one per row (as many as rows: each loop a matrix-vector loop over one
+            row, faster per step on some CPUs, see docs/decoding.md). Rows are
             independent, so the tokens are those of each group decoded alone (a row
             whose group stopped early is filled with ``pad_token_id``, as the unsplit
             batch does after its end). Read at each ``generate`` call.
@@ -496,8 +500,12 @@ def get_decode_threads() -> int:
     missing): how many groups of rows greedy ``generate`` decodes side by side in its
     compiled loop (at most one per row)."""
     value = _scoped.get().get("decode_threads")
-    if value is not None:
-        return value
+    return process_cores() if value is None else value
+
+
+def process_cores() -> int:
+    """The number of cores this process may run on (``os.sched_getaffinity``;
+    ``os.cpu_count`` where that is missing)."""
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)

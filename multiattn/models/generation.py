@@ -9,7 +9,7 @@ step. Greedy decoding on jax and TensorFlow runs all its steps in one compiled l
 (`GenerationMixin._greedy`), the argmax included; elsewhere the Python loop takes the
 argmax in NumPy. Both loops give the same tokens. Where the loop is compiled, greedy
 decoding splits the batch's rows into groups decoded side by side in threads
-(`GenerationMixin._row_groups`, ``settings(decode_threads=...)``).
+(`GenerationMixin._group_count`, ``settings(decode_threads=...)``).
 """
 
 from __future__ import annotations
@@ -191,11 +191,33 @@ def _side_by_side(fn, count: int):
     if count == 1:
         return fn
 
-    def run() -> list:
-        with concurrent.futures.ThreadPoolExecutor(count) as pool:
-            return [f.result() for f in [pool.submit(fn) for _ in range(count)]]
+    return functools.partial(_in_threads, [fn] * count)
 
-    return run
+
+def _in_threads(calls: list) -> list:
+    """The results of ``calls`` (zero-argument callables) run side by side, each in a
+    thread of its own that runs in a copy of the caller's context (its `settings` and
+    `owned_caches` blocks)."""
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        runs = [pool.submit(contextvars.copy_context().run, call) for call in calls]
+        return [run.result() for run in runs]
+
+
+def _rows(tree: Any, rows: slice) -> Any:
+    """``rows`` of every array in ``tree`` (each has the batch first); other leaves (the
+    prompt length) as they are."""
+    return keras.tree.map_structure(lambda x: x[rows] if np.ndim(x) else x, tree)
+
+
+def _joined(outs: list, pad: int) -> np.ndarray:
+    """Groups' tokens, one above the other: a group whose rows all ended stopped early
+    (only with end ids, hence a pad id) and is filled with ``pad``."""
+    width = max(out.shape[1] for out in outs)
+    return np.concatenate([
+        o if o.shape[1] == width
+        else np.pad(o, ((0, 0), (0, width - o.shape[1])), constant_values=pad)
+        for o in outs
+    ], axis=0)  # fmt: skip
 
 
 def _without_unit_axes(caches: Any) -> Any:
@@ -319,41 +341,49 @@ class GenerationMixin:
 
     def _decode(self, ids, mask, new, options, eos, pad) -> np.ndarray:
         """`_decode_rows` of the whole batch, or of groups of its rows side by side
-        (`_row_groups`)."""
-        groups = self._row_groups(ids.shape[0], options)
-        if len(groups) == 1:
+        (`_group_count`, `_decode_in`)."""
+        count = self._group_count(options, ids.shape[0])
+        return self._decode_in(count, ids, mask, new, options, eos, pad)
+
+    def _decode_in(self, count, ids, mask, new, options, eos, pad) -> np.ndarray:
+        """The batch decoded in ``count`` compiled loops side by side, each over a group
+        of rows (`_row_groups`). The prompt passes run in at most one group per core,
+        each in a thread of its own, and each prompt group's rows are then shared out
+        among its part of the ``count`` loops (`_loop`)."""
+        from .. import config
+
+        batch = ids.shape[0]
+        count = min(count, batch)
+        if count == 1:
             return self._decode_rows(ids, mask, new, options, eos, pad)
+        prompts = self._row_groups(batch, min(count, config.process_cores()))
+        loops = [count * (i + 1) // len(prompts) - count * i // len(prompts)
+                 for i in range(len(prompts))]  # fmt: skip
         self._prefill_step()  # made once here, not by each thread
-        token = _GROUPS.set(len(groups))  # seen by the threads' copies of the context
+        token = _GROUPS.set(count)  # seen by the threads' copies of the context
         try:
-            outs = self._decode_groups(groups, ids, mask, new, options, eos, pad)
+            return _joined(_in_threads([
+                functools.partial(self._decode_rows, ids[rows], mask[rows], new, options,
+                                  eos, pad, loops=n)
+                for rows, n in zip(prompts, loops)
+            ]), pad)  # fmt: skip
         finally:
             _GROUPS.reset(token)
-        # a group whose rows all ended is shorter (only with end ids, hence a pad id)
-        width = max(out.shape[1] for out in outs)
-        outs = [
-            o if o.shape[1] == width
-            else np.pad(o, ((0, 0), (0, width - o.shape[1])), constant_values=pad)
-            for o in outs
-        ]  # fmt: skip
-        return np.concatenate(outs, axis=0)
 
-    def _decode_groups(self, groups, ids, mask, new, options, eos, pad) -> list:
-        """`_decode_rows` of each group of rows, side by side in threads of their own."""
-        with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
-            # each thread runs in a copy of the caller's context (its `settings` blocks)
-            runs = [
-                pool.submit(contextvars.copy_context().run, self._decode_rows,
-                            ids[rows], mask[rows], new, options, eos, pad)
-                for rows in groups
-            ]  # fmt: skip
-            return [run.result() for run in runs]
+    @staticmethod
+    def _row_groups(batch: int, count: int) -> list[slice]:
+        """The rows of a batch in ``count`` groups of nearly equal size (at most one per
+        row)."""
+        count = min(count, batch)
+        bounds = [batch * i // count for i in range(count + 1)]
+        return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
-    def _row_groups(self, batch: int, options: dict) -> list[slice]:
-        """The groups of rows `_decode` decodes in threads of their own: greedy decoding in
-        the compiled loop (jax, TensorFlow) splits the batch into
-        ``config.get_decode_threads()`` groups of nearly equal size (at most one per row);
-        anything else is one group.
+    def _group_count(self, options: dict, batch: int) -> int:
+        """How many compiled loops `_decode` runs side by side, each in a thread of its
+        own over a group of rows: greedy decoding in the compiled loop (jax, TensorFlow)
+        takes ``config.get_decode_threads()`` (one per core unless set), at most one
+        per row, its prompt passes in at most one group per core (`_decode_in`);
+        anything else is one loop.
 
         A decoding step reads every cache and weight once per token and does little with
         each byte: at batch 8 XLA's loop ran at the speed at which one core reads memory,
@@ -365,12 +395,10 @@ class GenerationMixin:
         from .. import config
 
         if options["do_sample"] or self._compiled_loop() is None:
-            return [slice(0, batch)]
-        count = min(config.get_decode_threads(), batch)
-        bounds = [batch * i // count for i in range(count + 1)]
-        return [slice(a, b) for a, b in itertools.pairwise(bounds)]
+            return 1
+        return min(config.get_decode_threads(), batch)
 
-    def _decode_rows(self, ids, mask, new, options, eos, pad) -> np.ndarray:
+    def _decode_rows(self, ids, mask, new, options, eos, pad, loops=1) -> np.ndarray:
         """`_loop` with the caches it makes written in place (`owned_caches`), under
         ``torch.no_grad()`` on torch: generation needs no gradients."""
         with contextlib.ExitStack() as scope:
@@ -379,14 +407,23 @@ class GenerationMixin:
                 import torch
 
                 scope.enter_context(torch.no_grad())
-            return self._loop(ids, mask, new, options, eos, pad)
+            return self._loop(ids, mask, new, options, eos, pad, loops)
 
-    def _loop(self, ids, mask, new, options, eos, pad) -> np.ndarray:
+    def _loop(self, ids, mask, new, options, eos, pad, loops=1) -> np.ndarray:
+        """The prompt pass, then the tokens after it in ``loops`` groups of rows side by
+        side (`_row_groups`, `_in_threads`): every array of the state `_begin` returns
+        has the batch first, so a group's state is its rows of each."""
         logits, state, first = self._begin(ids, mask, new)
         # After the prompt the caches are checked once for NaN and infinities: the
         # steps then skip that screen (`owned_caches`).
         with owned_caches(index_checked=True, values_checked=_finite(state["caches"])):
-            return self._tokens(logits, state, first, new, options, eos, pad)
+            if loops == 1:
+                return self._tokens(logits, state, first, new, options, eos, pad)
+            return _joined(_in_threads([
+                functools.partial(self._tokens, *_rows((logits, state, first), rows), new,
+                                  options, eos, pad)
+                for rows in self._row_groups(ids.shape[0], loops)
+            ]), pad)  # fmt: skip
 
     def _tokens(self, logits, state, first, new, options, eos, pad) -> np.ndarray:
         """The tokens after the prefill: ``first`` and the new columns."""

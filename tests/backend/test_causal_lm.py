@@ -598,8 +598,9 @@ def test_rows_are_split_into_nearly_equal_groups_for_the_compiled_loop(tmp_path,
     layer = from_pretrained(tmp_path / "m").layer
     greedy = _decode_args(np.zeros((batch, 1)), np.zeros((batch, 1)), 1)[3]
     with config.settings(decode_threads=threads):
-        groups = layer._row_groups(batch, greedy)
-        assert layer._row_groups(batch, {**greedy, "do_sample": True}) == [slice(0, batch)]
+        count = layer._group_count(greedy, batch)
+        assert layer._group_count({**greedy, "do_sample": True}, batch) == 1
+    groups = layer._row_groups(batch, count)
     sizes = [g.stop - g.start for g in groups]
     assert groups[0].start == 0 and groups[-1].stop == batch and sum(sizes) == batch
     if BACKEND in ("jax", "tensorflow"):
@@ -611,6 +612,38 @@ def test_rows_are_split_into_nearly_equal_groups_for_the_compiled_loop(tmp_path,
         got = layer.generate(ids, max_new_tokens=3)
     with config.settings(decode_threads=1):
         np.testing.assert_array_equal(got, layer.generate(ids, max_new_tokens=3))
+
+
+@pytest.mark.parametrize("ends", ["none", "one row"])
+def test_more_loops_than_cores_share_out_each_prompt_groups_rows(tmp_path, monkeypatch, ends):
+    """With more loops (``decode_threads``) than cores, the prompt passes run in one group
+    per core and each group's rows are shared out among loops of their own (here one
+    core: one prompt pass of 5 rows, then 3 loops); the tokens are those of the batch
+    in one piece, a row that ended early padded as there."""
+    from multiattn import config
+
+    _build("gpt2", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids = np.random.default_rng(5).integers(1, VOCAB, (5, 4))
+    with config.settings(decode_threads=1):
+        plain = model.generate(ids, max_new_tokens=6)
+    eos = None if ends == "none" else int(plain[2, 6])
+    args = {"max_new_tokens": 6, "eos_token_id": eos, "pad_token_id": 3}
+    with config.settings(decode_threads=1):
+        want = model.generate(ids, **args)
+    passes = []
+    begin = model.layer._begin
+    monkeypatch.setattr(
+        model.layer, "_begin", lambda i, m, n: passes.append(i.shape[0]) or begin(i, m, n)
+    )
+    monkeypatch.setattr(config, "process_cores", lambda: 1)
+    with config.settings(decode_threads=3):
+        got = model.generate(ids, **args)
+    np.testing.assert_array_equal(got, want)
+    if BACKEND in ("jax", "tensorflow"):
+        assert passes == [5]
+    if eos is not None:
+        assert (got[2, 7:] == 3).all()
 
 
 def test_traced_step_setting_takes_a_bool():
