@@ -203,10 +203,19 @@ def _in_threads(calls: list) -> list:
         return [run.result() for run in runs]
 
 
-def _rows(tree: Any, rows: slice) -> Any:
-    """``rows`` of every array in ``tree`` (each has the batch first); other leaves (the
-    prompt length) as they are."""
-    return keras.tree.map_structure(lambda x: x[rows] if np.ndim(x) else x, tree)
+def _window(tree: Any, first_row: Any, rows: int) -> Any:
+    """``rows`` consecutive rows from ``first_row`` of every array in ``tree`` (each has
+    the batch first); other leaves (the prompt length) as they are. ``first_row`` may be a
+    tensor, ``rows`` is a Python int: traced, one trace serves every group of that size."""
+
+    def cut(x):
+        if not np.ndim(x):
+            return x
+        # the starts share one integer dtype (JAX, with 64-bit ints enabled too)
+        zeros = (first_row * 0,) * (np.ndim(x) - 1)
+        return keras.ops.slice(x, (first_row, *zeros), (rows, *x.shape[1:]))
+
+    return keras.tree.map_structure(cut, tree)
 
 
 def _joined(outs: list, pad: int) -> np.ndarray:
@@ -346,19 +355,17 @@ class GenerationMixin:
         return self._decode_in(count, ids, mask, new, options, eos, pad)
 
     def _decode_in(self, count, ids, mask, new, options, eos, pad) -> np.ndarray:
-        """The batch decoded in ``count`` compiled loops side by side, each over a group
-        of rows (`_row_groups`). The prompt passes run in at most one group per core,
-        each in a thread of its own, and each prompt group's rows are then shared out
-        among its part of the ``count`` loops (`_loop`)."""
+        """The batch decoded in ``count`` compiled loops (at most one per row, as
+        `_group_count` gives) side by side, each over a group of rows (`_row_groups`).
+        The prompt passes run in at most one group per core, each in a thread of its
+        own, and each prompt group's rows are then shared out among its part of the
+        ``count`` loops (`_loop`)."""
         from .. import config
 
-        batch = ids.shape[0]
-        count = min(count, batch)
         if count == 1:
             return self._decode_rows(ids, mask, new, options, eos, pad)
-        prompts = self._row_groups(batch, min(count, config.process_cores()))
-        loops = [count * (i + 1) // len(prompts) - count * i // len(prompts)
-                 for i in range(len(prompts))]  # fmt: skip
+        prompts = self._row_groups(ids.shape[0], min(count, config.process_cores()))
+        loops = [group.stop - group.start for group in self._row_groups(count, len(prompts))]
         self._prefill_step()  # made once here, not by each thread
         token = _GROUPS.set(count)  # seen by the threads' copies of the context
         try:
@@ -412,7 +419,8 @@ class GenerationMixin:
     def _loop(self, ids, mask, new, options, eos, pad, loops=1) -> np.ndarray:
         """The prompt pass, then the tokens after it in ``loops`` groups of rows side by
         side (`_row_groups`, `_in_threads`): every array of the state `_begin` returns
-        has the batch first, so a group's state is its rows of each."""
+        has the batch first, so a group's state is its rows of each, which its loop
+        takes itself (`_tokens`)."""
         logits, state, first = self._begin(ids, mask, new)
         # After the prompt the caches are checked once for NaN and infinities: the
         # steps then skip that screen (`owned_caches`).
@@ -420,18 +428,31 @@ class GenerationMixin:
             if loops == 1:
                 return self._tokens(logits, state, first, new, options, eos, pad)
             return _joined(_in_threads([
-                functools.partial(self._tokens, *_rows((logits, state, first), rows), new,
-                                  options, eos, pad)
+                functools.partial(self._tokens, logits, state, first, new, options, eos,
+                                  pad, rows)
                 for rows in self._row_groups(ids.shape[0], loops)
             ]), pad)  # fmt: skip
 
-    def _tokens(self, logits, state, first, new, options, eos, pad) -> np.ndarray:
-        """The tokens after the prefill: ``first`` and the new columns."""
+    def _tokens(self, logits, state, first, new, options, eos, pad, rows=None) -> np.ndarray:
+        """The tokens after the prefill: ``first`` and the new columns; with ``rows`` (a
+        slice), those of these rows of the batch only.
+
+        The compiled loop cuts its rows out of the prompt's state itself (`_greedy`): cut
+        outside, each array would cost an eager slice per group (on TensorFlow a
+        Python-heavy call, during which the other groups' threads wait for the
+        interpreter's lock), and XLA copies the caches it is given on entry anyway."""
         loop = None if options["do_sample"] else self._compiled_loop()
+        window = ()
+        if rows is not None:
+            first, window = first[rows], (rows.start, rows.stop - rows.start)
         if loop is not None:
-            tokens, count = loop(logits, state, new, eos, pad)
+            if window:  # the first row a tensor: one trace per size of group
+                window = (keras.ops.convert_to_tensor(window[0], "int32"), window[1])
+            tokens, count = loop(logits, state, new, eos, pad, *window)
             tokens = keras.ops.convert_to_numpy(tokens)[:, : int(count)]
             return np.concatenate([first, tokens.astype(np.int64)], axis=1)
+        if window:
+            logits, state = _window((logits, state), *window)
         batch = first.shape[0]
         rng, done, out = np.random.default_rng(options["seed"]), np.zeros(batch, bool), [first]
         step = self._compiled_step()
@@ -446,11 +467,14 @@ class GenerationMixin:
             logits = self._advance(step, token, t, state)
         return np.concatenate(out, axis=1)
 
-    def _greedy(self, logits, state, new, eos, pad) -> tuple:
+    def _greedy(self, logits, state, new, eos, pad, first_row=0, rows=None) -> tuple:
         """Greedy decoding after the prefill as one loop of tensor operations (compiled
         whole by `_compiled_loop`): int32 ``(batch, new)`` tokens and the number of
-        columns filled (fewer than ``new`` when every row ended)."""
+        columns filled (fewer than ``new`` when every row ended). With ``rows`` (static),
+        of the ``rows`` rows from ``first_row`` (a tensor) of the prefill's batch only."""
         ops = keras.ops
+        if rows is not None and rows != logits.shape[0]:
+            logits, state = _window((logits, state), first_row, rows)
         stop = ops.convert_to_tensor(np.asarray(eos or (-1,), np.int32))
 
         def choose(logits, done):
@@ -503,7 +527,7 @@ class GenerationMixin:
         kept = self.__dict__.get("_multiattn_loop")
         if kept is None:
             kept = self.__dict__["_multiattn_loop"] = self._compile(
-                self._greedy, static=("new", "eos", "pad"), choose_ynn=True
+                self._greedy, static=("new", "eos", "pad", "rows"), choose_ynn=True
             )
         return kept
 
@@ -632,7 +656,8 @@ class GenerationMixin:
 
     def _ynn_fusions(self, with_ynn, without_ynn, head: tuple, args: tuple) -> bool:
         """Whether the decoding loop runs with XLA:CPU's YNNPACK fusions (jax's default)
-        on ``args`` (`_greedy`'s: logits, state, new, ...): `multiattn.tuning.
+        on ``args`` (`_greedy`'s: logits, state, new, eos, pad[, first_row, rows]):
+        `multiattn.tuning.
         ynn_fusions_pay` on this call's own inputs, per shape class (the model's class,
         rows, prompt, cache bytes, new tokens, dtype, groups of rows); True off jax's
         CPU backend. Where `_decode` runs groups of rows side by side, each candidate is
@@ -646,14 +671,16 @@ class GenerationMixin:
         if jax.default_backend() != "cpu":
             return True
         logits, state, new = args[:3]
+        batch = logits.shape[0]
+        rows = args[6] if len(args) > 6 else batch  # this loop's rows of the prefill's
         caches = keras.tree.flatten(state["caches"])
         cache_bytes = sum(int(np.prod(c.shape)) * c.dtype.itemsize for c in caches)
         weight_bytes = sum(int(v.value.nbytes) for v in self.variables)
         cls = {
             "model": type(self).__name__,
-            "rows": tuning.bucket(logits.shape[0]),
+            "rows": tuning.bucket(rows),
             "prompt": tuning.bucket(state.get("seq", 0)),  # an encoder-decoder's has none
-            "cache": tuning.bucket(cache_bytes),
+            "cache": tuning.bucket(cache_bytes * rows // batch),
             "new": tuning.bucket(new),
             "dtype": str(logits.dtype),
             "groups": _GROUPS.get(),
