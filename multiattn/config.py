@@ -272,10 +272,13 @@ def settings(
             compiled loop (jax, TensorFlow); XLA runs them on the machine's cores. The
             prompt passes run in at most one group per core (``process_cores``), and
             each prompt group's rows are shared out among its part of the loops. None
-            (the default): one loop per core this process may run on, at most one per
-            row; 1 decodes the batch in one piece. A positive int: that many loops, at
-            most one per row (as many as rows: each loop a matrix-vector loop over one
-            row, faster per step on some CPUs, see docs/decoding.md). Rows are
+            (the default): one loop per core this process may run on
+            (`process_cores`), at most one per row; where the batch has more rows than
+            that, one loop per core or one per row (each a matrix-vector loop over one
+            row), whichever is measured faster on the running machine, once per shape
+            class, for models of at least `multiattn.tuning.DECODE_MIN_WEIGHT_BYTES`
+            of weights (`multiattn.tuning.decode_loops`). 1 decodes the batch in one
+            piece. A positive int: that many loops, at most one per row. Rows are
             independent, so the tokens are those of each group decoded alone (a row
             whose group stopped early is filled with ``pad_token_id``, as the unsplit
             batch does after its end). Read at each ``generate`` call.
@@ -494,13 +497,12 @@ def get_ynn_fusions() -> bool | None:
     return _scoped.get().get("ynn_fusions")
 
 
-def get_decode_threads() -> int:
-    """The innermost `settings` value of ``decode_threads``, else the number of cores this
-    process may run on (``os.sched_getaffinity``; ``os.cpu_count`` where that is
-    missing): how many groups of rows greedy ``generate`` decodes side by side in its
-    compiled loop (at most one per row)."""
-    value = _scoped.get().get("decode_threads")
-    return process_cores() if value is None else value
+def get_decode_threads() -> int | None:
+    """The innermost `settings` value of ``decode_threads`` (how many loops greedy
+    ``generate`` runs side by side where its loop is compiled, at most one per row), or
+    None where none is set: one loop per core or one per row, as measured
+    (`multiattn.tuning.decode_loops`)."""
+    return _scoped.get().get("decode_threads")
 
 
 def process_cores() -> int:

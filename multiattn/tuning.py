@@ -118,6 +118,7 @@ __all__ = [
     "cpu_info",
     "decide",
     "decisions",
+    "decode_loops",
     "describe_decision",
     "describe_decisions",
     "fused_attention_pays",
@@ -244,6 +245,7 @@ def decide(
     sync: Callable[[Any], Any] | None = None,
     margin: float = 0.0,
     prefer: Sequence[str] = (),
+    hold_lock: bool = True,
 ) -> str:
     """The name of the faster candidate for ``op`` on ``shape_class``, timed once per
     process and class.
@@ -268,6 +270,11 @@ def decide(
         prefer: candidates in order of preference among those that tie: where the
             fallback does not keep the class, the first of ``prefer`` whose median is
             within ``margin`` of the lowest is taken instead of the fastest.
+        hold_lock: whether the candidates are timed holding the decisions' lock (one
+            thread times a class while the others wait for its decision). False for
+            candidates that start threads of their own which make other decisions
+            (`decode_loops`): those threads would wait for the lock their caller holds.
+            Two threads may then time one class; the first decision stored is kept.
 
     A candidate that raises drops out; if all do, ``fallback`` is taken and recorded.
     """
@@ -280,7 +287,7 @@ def decide(
             if key not in _DECISIONS and key not in _FALLBACKS:
                 _FALLBACKS[key] = Decision(op, key[1], fallback, "fallback", reason=reason)
         return fallback
-    with _LOCK:
+    with _LOCK if hold_lock else contextlib.nullcontext():
         found = _DECISIONS.get(key)
         if found is not None:
             return found.choice
@@ -293,8 +300,9 @@ def decide(
         else:
             why = "; ".join(f"{k}: {v}" for k, v in errors.items()) or "no candidate ran"
             decision = Decision(op, key[1], fallback, "fallback", timed=timed, reason=why)
-        _DECISIONS[key] = decision
-        _FALLBACKS.pop(key, None)
+        with _LOCK:
+            decision = _DECISIONS.setdefault(key, decision)
+            _FALLBACKS.pop(key, None)
         return decision.choice
 
 
@@ -1185,9 +1193,9 @@ def _sync(backend: str, device: str | None) -> Callable[[Any], Any] | None:
     return None
 
 
-#: Weights below which `ynn_fusions_pay` keeps XLA's default untimed: timing compiles the
-#: decoding loop a second time and runs it 14 times, seconds that a small model's
-#: ``generate`` would not win back.
+#: Weights below which `ynn_fusions_pay` keeps XLA's default and `decode_loops` one loop
+#: per core, untimed: timing compiles the decoding loop a second time and runs it 14
+#: times, seconds that a small model's ``generate`` would not win back.
 DECODE_MIN_WEIGHT_BYTES = 4 << 20
 #: The XLA:CPU compiler option (of one ``jax.jit`` function) that makes no YNNPACK fusions.
 NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
@@ -1239,3 +1247,46 @@ def ynn_fusions_pay(
 
 def _raise(err: Exception) -> None:
     raise err
+
+
+def decode_loops(
+    run: Callable[[int], Any],
+    batch: int,
+    shape_class: Mapping[str, Any],
+    weight_bytes: int,
+) -> int:
+    """How many compiled loops greedy decoding (jax, TensorFlow) runs side by side, each
+    in a thread of its own over a group of rows: ``settings(decode_threads=n)`` if set (at
+    most one per row); else one per core this process may run on
+    (`multiattn.config.process_cores`) where the batch has no more rows than that; else
+    one per core or one per row, timed once per shape class (the caller's fields, the
+    cores and the weights bucketed) by ``run(count)``, the caller's own ``generate`` in
+    ``count`` loops, prompt pass included.
+
+    A loop over several rows multiplies their activations by each weight in a small
+    matrix product, a loop over one row in a matrix-vector product, which XLA:CPU
+    compiles differently: on a 2-core AMD EPYC (AVX2), GPT-2 and Llama shapes at
+    batch 8, eight one-row loops took 10% to 46% less time per token than two loops of
+    four, but each loop adds a fixed cost per call that a short generation does not win
+    back. Hence the whole call is timed, as the user makes it. Models under
+    `DECODE_MIN_WEIGHT_BYTES` keep one loop per core untimed; one loop per core is kept
+    unless one per row is faster by more than `MARGIN`. The candidates start threads that
+    make decisions of their own, so they are timed without the decisions' lock
+    (`decide`'s ``hold_lock``)."""
+    from . import config
+
+    forced = config.get_decode_threads()
+    cores = config.process_cores()
+    if forced is not None or batch <= cores:
+        return min(forced or cores, batch)
+    cls = {**shape_class, "cores": cores, "weights": bucket(weight_bytes)}
+    reason = f"weights under {DECODE_MIN_WEIGHT_BYTES >> 20} MiB: one loop per core, untimed"
+
+    def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
+        fns = {str(n): functools.partial(run, n) for n in (cores, batch)}
+        return fns, "the call's own prompt and new tokens"
+
+    choice = decide("decode-loops", cls, candidates, fallback=str(cores),
+                    measurable=weight_bytes >= DECODE_MIN_WEIGHT_BYTES, reason=reason,
+                    margin=MARGIN, hold_lock=False)  # fmt: skip
+    return int(choice)

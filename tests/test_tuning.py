@@ -273,3 +273,65 @@ def test_attention_backward_margin_protects_autodiff_except_on_tensorflow(
         margin=tuning.backward_margin(backend),
     )  # fmt: skip
     assert got == choice
+
+
+def _decoding(clock: FakeClock, costs: dict[int, float], made: list):
+    """A fake ``run(count)`` of `tuning.decode_loops`: costs ``costs[count]`` on the fake
+    clock, and makes a decision of its own in a thread of its own, as a real decoding's
+    loops do (their traces decide other choices)."""
+
+    def run(count: int) -> int:
+        def inner():
+            made.append(tuning.decide("inner", {"n": count}, lambda: ({"x": lambda: 0}, ""),
+                                      fallback="x"))  # fmt: skip
+
+        thread = threading.Thread(target=inner)
+        thread.start()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "a decision inside a timed candidate waited for a lock"
+        clock.now += costs[count]
+        return count
+
+    return run
+
+
+@pytest.mark.parametrize(("per_row", "choice"), [(0.5, 8), (0.97, 2), (1.2, 2)])
+def test_decode_loops_times_one_loop_per_core_against_one_per_row(monkeypatch, per_row, choice):
+    """More rows than cores: one loop per core or one per row, timed by the caller's own
+    decoding (whose threads make decisions of their own while it is timed); one per core
+    keeps the class within `MARGIN`."""
+    from multiattn import config
+
+    clock, made = FakeClock(), []
+    monkeypatch.setattr(tuning, "_clock", clock)
+    monkeypatch.setattr(config, "process_cores", lambda: 2)
+    run = _decoding(clock, {2: 1.0, 8: per_row}, made)
+    cls = {"model": "m", "rows": 8}
+    assert tuning.decode_loops(run, 8, cls, tuning.DECODE_MIN_WEIGHT_BYTES) == choice
+    assert made and set(made) == {"x"}
+    loops = [d for d in tuning.decisions() if d["op"] == "decode-loops"]
+    assert len(loops) == 1 and loops[0]["how"] == "measured"
+    assert set(loops[0]["median_ms"]) == {"2", "8"}
+    assert loops[0]["shape_class"]["cores"] == 2
+    # kept: the next call of the class times nothing
+    assert tuning.decode_loops(lambda n: pytest.fail("timed again"), 8, cls,
+                               tuning.DECODE_MIN_WEIGHT_BYTES) == choice  # fmt: skip
+
+
+def test_decode_loops_untimed_where_set_few_rows_or_small_weights(monkeypatch):
+    from multiattn import config
+
+    def untimed(count):
+        pytest.fail("nothing is timed here")
+
+    monkeypatch.setattr(config, "process_cores", lambda: 2)
+    big = tuning.DECODE_MIN_WEIGHT_BYTES
+    with config.settings(decode_threads=3):
+        assert tuning.decode_loops(untimed, 8, {}, big) == 3
+        assert tuning.decode_loops(untimed, 2, {}, big) == 2  # at most one per row
+    assert tuning.decode_loops(untimed, 2, {}, big) == 2  # no more rows than cores
+    assert tuning.decode_loops(untimed, 1, {}, big) == 1
+    assert tuning.decode_loops(untimed, 8, {}, big - 1) == 2
+    (small,) = tuning.decisions()
+    assert (small["op"], small["how"], small["choice"]) == ("decode-loops", "fallback", "2")
+    assert "MiB" in small["reason"]

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from ..tuning import describe_decision
+
 FRAMEWORKS = ("jax", "torch", "tensorflow", "paddle")
 MODELS = ("gpt2", "llama")
 HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 4, 8, 2, 1000
@@ -131,13 +133,10 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
                 "tokens_per_s": batch * (new - 1) / (steps / 1e3) if steps > 0 else None,
             })  # fmt: skip
         del model
-    from multiattn import config, tuning
+    from multiattn import tuning
 
     backend = "paddle" if framework == "paddle" else keras.backend.backend()
-    # greedy decoding splits its rows over this many threads where the loop is compiled
-    threads = config.get_decode_threads() if backend in ("jax", "tensorflow") else 1
-    return {"backend": backend, "rows": rows, "decisions": tuning.decisions(),
-            "decode_threads": threads}  # fmt: skip
+    return {"backend": backend, "rows": rows, "decisions": tuning.decisions()}
 
 
 def _transformers_runner(folder: str, ids: np.ndarray):
@@ -188,6 +187,11 @@ def _run_worker(framework: str, cfg: dict, folders: dict, tmp: Path) -> dict:
     return {"status": "ran", **json.loads(result_path.read_text())}
 
 
+#: The choices of greedy decoding that `print_decode` lists per framework (loops side by
+#: side, XLA:CPU's YNNPACK fusions).
+_DECODING_CHOICES = ("decode-loops", "xla-ynn-fusions")
+
+
 def print_decode(section: dict, console: Any) -> None:
     from rich.table import Table
 
@@ -211,8 +215,10 @@ def print_decode(section: dict, console: Any) -> None:
     for fw, info in section["frameworks"].items():
         if info.get("status") != "ran":
             console.print(f"{fw}: {info.get('status')} ({info.get('reason', '')})")
-        elif info.get("decode_threads", 1) > 1:
-            console.print(f"{fw}: greedy rows decoded in up to {info['decode_threads']} threads")
+            continue
+        for decision in info.get("decisions", []):
+            if decision["op"] in _DECODING_CHOICES:
+                console.print(f"{fw}: {describe_decision(decision)}")
 
 
 def write_decode_plot(section: dict, path: Path) -> None:

@@ -351,7 +351,7 @@ class GenerationMixin:
     def _decode(self, ids, mask, new, options, eos, pad) -> np.ndarray:
         """`_decode_rows` of the whole batch, or of groups of its rows side by side
         (`_group_count`, `_decode_in`)."""
-        count = self._group_count(options, ids.shape[0])
+        count = self._group_count(ids, mask, new, options, eos, pad)
         return self._decode_in(count, ids, mask, new, options, eos, pad)
 
     def _decode_in(self, count, ids, mask, new, options, eos, pad) -> np.ndarray:
@@ -385,12 +385,12 @@ class GenerationMixin:
         bounds = [batch * i // count for i in range(count + 1)]
         return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
-    def _group_count(self, options: dict, batch: int) -> int:
+    def _group_count(self, ids, mask, new, options, eos, pad) -> int:
         """How many compiled loops `_decode` runs side by side, each in a thread of its
         own over a group of rows: greedy decoding in the compiled loop (jax, TensorFlow)
-        takes ``config.get_decode_threads()`` (one per core unless set), at most one
-        per row, its prompt passes in at most one group per core (`_decode_in`);
-        anything else is one loop.
+        runs one per core or one per row, as `multiattn.tuning.decode_loops` measures
+        or ``settings(decode_threads=...)`` forces, its prompt passes in at most one
+        group per core (`_decode_in`); anything else is one loop.
 
         A decoding step reads every cache and weight once per token and does little with
         each byte: at batch 8 XLA's loop ran at the speed at which one core reads memory,
@@ -399,11 +399,26 @@ class GenerationMixin:
         shape, prompt 512, 2.3 to 2.5 against 1.4 to 1.5 ms per token on jax, 2.4 to 2.5
         against 1.6 to 1.7 on TensorFlow; prefill 207 to 277 against 174 to 179 ms on
         jax."""
-        from .. import config
+        from .. import tuning
 
         if options["do_sample"] or self._compiled_loop() is None:
             return 1
-        return min(config.get_decode_threads(), batch)
+        cls = {
+            "model": type(self).__name__,
+            "backend": self._backend(),
+            "rows": ids.shape[0],
+            "prompt": tuning.bucket(ids.shape[1]),
+            "new": tuning.bucket(new),
+            "dtype": self.dtype_policy.compute_dtype,
+        }
+        run = functools.partial(self._decode_in, ids=ids, mask=mask, new=new,
+                                options=options, eos=eos, pad=pad)  # fmt: skip
+        return tuning.decode_loops(run, ids.shape[0], cls, self._weight_bytes())
+
+    def _weight_bytes(self) -> int:
+        """The bytes of the model's weights (`multiattn.tuning`'s decoding choices are
+        timed only for models of at least `multiattn.tuning.DECODE_MIN_WEIGHT_BYTES`)."""
+        return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in self.variables)
 
     def _decode_rows(self, ids, mask, new, options, eos, pad, loops=1) -> np.ndarray:
         """`_loop` with the caches it makes written in place (`owned_caches`), under
@@ -675,7 +690,6 @@ class GenerationMixin:
         rows = args[6] if len(args) > 6 else batch  # this loop's rows of the prefill's
         caches = keras.tree.flatten(state["caches"])
         cache_bytes = sum(int(np.prod(c.shape)) * c.dtype.itemsize for c in caches)
-        weight_bytes = sum(int(v.value.nbytes) for v in self.variables)
         cls = {
             "model": type(self).__name__,
             "rows": tuning.bucket(rows),
@@ -696,5 +710,5 @@ class GenerationMixin:
             return _side_by_side(run, cls["groups"])
 
         return tuning.ynn_fusions_pay(
-            lambda: candidate(with_ynn), lambda: candidate(without_ynn), cls, weight_bytes
+            lambda: candidate(with_ynn), lambda: candidate(without_ynn), cls, self._weight_bytes()
         )

@@ -567,7 +567,7 @@ def test_compiled_loop_setting_takes_a_bool():
     assert config.get_compiled_loop() is True
 
 
-def test_decode_threads_setting_checks_its_value_and_defaults_to_the_cores():
+def test_decode_threads_setting_checks_its_value_and_is_unset_by_default():
     from multiattn import config
 
     with pytest.raises(TypeError, match=r"decode_threads.*received 'two'"):
@@ -580,11 +580,12 @@ def test_decode_threads_setting_checks_its_value_and_defaults_to_the_cores():
         with config.settings(decode_threads=0):
             pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    assert config.get_decode_threads() == max(1, cores)
+    assert config.process_cores() == max(1, cores)
+    assert config.get_decode_threads() is None  # measured (`tuning.decode_loops`)
     with config.settings(decode_threads=3):
         assert config.get_decode_threads() == 3
         with config.settings(decode_threads=None):
-            assert config.get_decode_threads() == max(1, cores)
+            assert config.get_decode_threads() is None
 
 
 @pytest.mark.parametrize("threads,batch", [(2, 5), (3, 2), (1, 4), (4, 8)])
@@ -596,10 +597,11 @@ def test_rows_are_split_into_nearly_equal_groups_for_the_compiled_loop(tmp_path,
 
     _build("gpt2", tmp_path / "m")
     layer = from_pretrained(tmp_path / "m").layer
-    greedy = _decode_args(np.zeros((batch, 1)), np.zeros((batch, 1)), 1)[3]
+    ids, mask, new, greedy, eos, pad = _decode_args(np.zeros((batch, 1)), np.zeros((batch, 1)), 1)
     with config.settings(decode_threads=threads):
-        count = layer._group_count(greedy, batch)
-        assert layer._group_count({**greedy, "do_sample": True}, batch) == 1
+        count = layer._group_count(ids, mask, new, greedy, eos, pad)
+        sampled = {**greedy, "do_sample": True}
+        assert layer._group_count(ids, mask, new, sampled, eos, pad) == 1
     groups = layer._row_groups(batch, count)
     sizes = [g.stop - g.start for g in groups]
     assert groups[0].start == 0 and groups[-1].stop == batch and sum(sizes) == batch
@@ -644,6 +646,37 @@ def test_more_loops_than_cores_share_out_each_prompt_groups_rows(tmp_path, monke
         assert passes == [5]
     if eos is not None:
         assert (got[2, 7:] == 3).all()
+
+
+def test_more_rows_than_cores_time_one_loop_per_core_against_one_per_row(tmp_path, monkeypatch):
+    """Unset, ``decode_threads`` with more rows than cores (one core here) times one loop
+    per core against one per row on the call's own decoding, once per shape class (the
+    weight floor lowered for this tiny model), and the tokens are those of the batch in
+    one piece; under the floor nothing is timed and one loop per core is kept."""
+    from multiattn import config, tuning
+
+    _build("gpt2", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids = np.random.default_rng(3).integers(1, VOCAB, (3, 4))
+    with config.settings(decode_threads=1):
+        want = model.generate(ids, max_new_tokens=5)
+    monkeypatch.setattr(config, "process_cores", lambda: 1)
+    tuning.reset()
+    np.testing.assert_array_equal(model.generate(ids, max_new_tokens=5), want)
+    made = [d for d in tuning.decisions() if d["op"] == "decode-loops"]
+    if BACKEND not in ("jax", "tensorflow"):
+        assert made == []  # one loop in Python: nothing to choose
+        return
+    assert [(d["how"], d["choice"]) for d in made] == [("fallback", "1")]
+    assert "MiB" in made[0]["reason"]
+    monkeypatch.setattr(tuning, "DECODE_MIN_WEIGHT_BYTES", 0)
+    tuning.reset()
+    for _ in range(2):
+        np.testing.assert_array_equal(model.generate(ids, max_new_tokens=5), want)
+    made = [d for d in tuning.decisions() if d["op"] == "decode-loops"]
+    assert len(made) == 1 and made[0]["how"] == "measured"
+    assert set(made[0]["median_ms"]) == {"1", "3"} and made[0]["choice"] in ("1", "3")
+    assert made[0]["shape_class"]["rows"] == 3 and made[0]["shape_class"]["cores"] == 1
 
 
 def test_traced_step_setting_takes_a_bool():
