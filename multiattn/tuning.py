@@ -1260,7 +1260,7 @@ def decode_loops(
     most one per row); else one per core this process may run on
     (`multiattn.config.process_cores`) where the batch has no more rows than that; else
     one per core or one per row, timed once per shape class (the caller's fields, the
-    cores and the weights bucketed) by ``run(count)``, the caller's own ``generate`` in
+    cores and the weights' bytes) by ``run(count)``, the caller's own ``generate`` in
     ``count`` loops, prompt pass included.
 
     A loop over several rows multiplies their activations by each weight in a small
@@ -1279,7 +1279,9 @@ def decode_loops(
     cores = config.process_cores()
     if forced is not None or batch <= cores:
         return min(forced or cores, batch)
-    cls = {**shape_class, "cores": cores, "weights": bucket(weight_bytes)}
+    # the weights' exact bytes: two architectures of one class and size (GPT-2 and Llama
+    # shapes, both `CausalLM`) differ in where a step's time goes
+    cls = {**shape_class, "cores": cores, "weights": weight_bytes}
     reason = f"weights under {DECODE_MIN_WEIGHT_BYTES >> 20} MiB: one loop per core, untimed"
 
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
