@@ -458,11 +458,10 @@ class GenerationMixin:
         interpreter's lock), and XLA copies the caches it is given on entry anyway."""
         loop = None if options["do_sample"] else self._compiled_loop()
         window = ()
-        if rows is not None:
-            first, window = first[rows], (rows.start, rows.stop - rows.start)
+        if rows is not None:  # the first row a tensor: one trace per size of group
+            start = keras.ops.convert_to_tensor(rows.start, "int32")
+            first, window = first[rows], (start, rows.stop - rows.start)
         if loop is not None:
-            if window:  # the first row a tensor: one trace per size of group
-                window = (keras.ops.convert_to_tensor(window[0], "int32"), window[1])
             tokens, count = loop(logits, state, new, eos, pad, *window)
             tokens = keras.ops.convert_to_numpy(tokens)[:, : int(count)]
             return np.concatenate([first, tokens.astype(np.int64)], axis=1)
@@ -672,13 +671,12 @@ class GenerationMixin:
     def _ynn_fusions(self, with_ynn, without_ynn, head: tuple, args: tuple) -> bool:
         """Whether the decoding loop runs with XLA:CPU's YNNPACK fusions (jax's default)
         on ``args`` (`_greedy`'s: logits, state, new, eos, pad[, first_row, rows]):
-        `multiattn.tuning.
-        ynn_fusions_pay` on this call's own inputs, per shape class (the model's class,
-        rows, prompt, cache bytes, new tokens, dtype, groups of rows); True off jax's
-        CPU backend. Where `_decode` runs groups of rows side by side, each candidate is
-        timed as that many copies of this loop side by side: timed alone, a loop with
-        the fusions won (Llama shape, 4 rows, 173 against 179 ms) where two side by side
-        lost (3.12 against 2.00 ms per step)."""
+        `multiattn.tuning.ynn_fusions_pay` on this call's own inputs, per shape class
+        (the model's class, the loop's rows, prompt, cache bytes, new tokens, dtype,
+        loops side by side); True off jax's CPU backend. Where `_decode` runs groups of
+        rows side by side, each candidate is timed as that many copies of this loop side
+        by side: timed alone, a loop with the fusions won (Llama shape, 4 rows, 173
+        against 179 ms) where two side by side lost (3.12 against 2.00 ms per step)."""
         import jax
 
         from .. import tuning
