@@ -297,7 +297,7 @@ def _signature(tree: Any) -> tuple:
     leaves, structure = optree.tree_flatten(tree, none_is_leaf=True)
 
     def leaf(x):
-        shape = None if isinstance(x, (int, float, str, type(None))) else x.shape
+        shape = None if isinstance(x, (int, float, str, type(None))) else getattr(x, "shape", None)
         return (type(x), x) if shape is None else (tuple(shape), str(x.dtype))
 
     return structure, tuple(leaf(x) for x in leaves)
@@ -645,7 +645,8 @@ class GenerationMixin:
         and Python values (which are static there): the cache length must stay static
         (``reduce_retracing`` would relax it to unknown on the first call with another
         ``max_new_tokens`` or prompt length, which the cache refuses); it reads the
-        weights as variables. On jax, ``jax.jit`` with the arguments named in ``static``
+        weights as variables, and each trace is called through its concrete function
+        (`_tf_compiled`). On jax, ``jax.jit`` with the arguments named in ``static``
         static, the one named ``donate`` donated, and the weights passed as arguments
         (read through ``keras.StatelessScope``), not constants of the trace, so the kept
         function follows weights changed later (training, ``set_weights``). Either way

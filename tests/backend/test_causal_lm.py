@@ -679,6 +679,27 @@ def test_more_rows_than_cores_time_one_loop_per_core_against_one_per_row(tmp_pat
     assert made[0]["shape_class"]["rows"] == 3 and made[0]["shape_class"]["cores"] == 1
 
 
+def test_tensorflow_keeps_one_concrete_function_per_argument_signature():
+    """TensorFlow: `generate`'s compiled functions are called through a concrete function
+    kept per signature (`_signature`): the structure, each array's shape and dtype, each
+    Python value's type and value, as ``tf.function`` traces; a cache index as a NumPy
+    scalar (the Python loop's steps) selects one trace for every step."""
+    if BACKEND != "tensorflow":
+        pytest.skip("TensorFlow's dispatch")
+    import tensorflow as tf
+
+    from multiattn.models.generation import _signature
+
+    def sig(flag=True, x=None, n=5, name="x"):
+        return _signature(((flag,), {name: tf.zeros((2, 3)) if x is None else x, "n": n}))
+
+    assert sig() == sig(x=tf.ones((2, 3)))  # the values of arrays select nothing
+    for other in (sig(x=tf.zeros((2, 4))), sig(x=tf.zeros((2, 3), "int32")), sig(n=6),
+                  sig(flag=1), sig(name="y"), sig(n=None)):  # fmt: skip
+        assert other != sig()
+    assert _signature((np.int32(3),)) == _signature((np.int32(4),))
+
+
 def test_traced_step_setting_takes_a_bool():
     from multiattn import config
 
