@@ -37,7 +37,13 @@ def _slow_writer(src: Path, dst: Path, marker: Path, ignored: str = "") -> subpr
 
     It starts with the default disposition of SIGTERM, SIGINT and SIGHUP, as a shell
     starts it, whatever this test process inherited (under ``nohup`` SIGHUP arrives
-    ignored, and the port keeps what is ignored); ``ignored`` names one to ignore."""
+    ignored, and the port keeps what is ignored); ``ignored`` names one to ignore.
+
+    The stall sleeps in short slices, returning to the interpreter between them as a
+    writer does between chunks: the kernel may hand a signal sent to the process to any
+    of its threads (NumPy's BLAS starts some), and Python runs the handler in the main
+    thread only when that thread next runs Python code, so one long sleep there would
+    hold the handler until it ended (a run where SIGHUP went unanswered for 60 s)."""
     script = textwrap.dedent(f"""
         import pathlib, signal, sys, time
         import safetensors.numpy as stn
@@ -49,7 +55,8 @@ def _slow_writer(src: Path, dst: Path, marker: Path, ignored: str = "") -> subpr
             with open(filename, "wb") as fh:
                 fh.write(b"half a file")
             pathlib.Path({str(marker)!r}).write_text(filename)
-            time.sleep(120)
+            for _ in range(2400):
+                time.sleep(0.05)
         stn.save_file = stalling
         sys.exit(main([{str(src)!r}, {str(dst)!r}, "--from", "safetensors", "--force"]))
     """)
