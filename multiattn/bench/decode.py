@@ -7,8 +7,10 @@ folder: a GPT-2-shaped one (learned positions, LayerNorm, GELU) and a Llama-shap
 query heads); both hidden 256, 4 layers. Each framework runs in a process of its own
 (``python -m multiattn.bench.decode --worker``): it loads the folders with
 `multiattn.models.from_pretrained` (on Paddle, ``framework="paddle"``) and times
-``model.generate`` (greedy) for every prompt length and batch; the torch process also times transformers' ``generate`` on the same
-inputs, in the same process, repeat by repeat beside multiattn's.
+``model.generate`` (greedy) for every prompt length and batch, and times transformers'
+``generate`` (torch) on the same inputs in the same process, repeat by repeat beside
+multiattn's: each framework's ratio is to the transformers rate measured beside it, so
+that a machine whose speed drifts between the processes moves both sides of a ratio.
 
 Per case: **prefill ms** is the median time of ``generate(max_new_tokens=1)`` (the prompt
 through the cache, and one token); **tokens/s** is ``batch * (new_tokens - 1)`` over the
@@ -17,8 +19,8 @@ the ``generate(max_new_tokens=1)`` run just before it: the rate of the steps aft
 prompt, each difference taken from two runs next to each other in time, so that a slow
 spell of the machine moves both (None, printed ``noise``, where that median is not
 positive). Timing runs each case once untimed first (compilation on jax and tensorflow,
-the recording of the step on torch). On torch, the repeats of transformers and of
-multiattn alternate.
+the recording of the step on torch). The repeats of transformers and of multiattn
+alternate.
 """
 
 from __future__ import annotations
@@ -91,12 +93,18 @@ def _cases(cfg: dict) -> list[tuple[str, int, int]]:
     return [(m, p, b) for m in MODELS for p in cfg["prompts"] for b in cfg["batches"]]
 
 
+def _case(row: dict, framework: bool = False) -> tuple:
+    """A row's case (model, prompt, batch), with its framework's process first."""
+    case = (row["model"], row["prompt"], row["batch"])
+    return (row["framework"], *case) if framework else case
+
+
 def _inputs(prompt: int, batch: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(1, VOCAB, (batch, prompt)).astype(np.int64)
 
 
 def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
-    """Time multiattn's ``generate`` (and, on torch, transformers') for every case; on
+    """Time multiattn's ``generate`` and transformers' for every case, alternating; on
     Paddle the models are the Paddle twins (``framework="paddle"``)."""
     if framework == "paddle":
         import multiattn.paddle  # noqa: F401 - Paddle before anything loads TensorFlow
@@ -119,9 +127,7 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
         def ours(n: int, model=model, ids=ids) -> Any:
             return model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
 
-        runs = {"multiattn": ours}
-        if framework == "torch":
-            runs["transformers"] = _transformers_runner(folders[name], ids)
+        runs = {"multiattn": ours, "transformers": _transformers_runner(folders[name], ids)}
         for n in (1, new):  # compile and warm every shape first
             for fn in runs.values():
                 fn(n)
@@ -202,10 +208,10 @@ def print_decode(section: dict, console: Any) -> None:
     for col in ("model", "prompt", "batch", "framework", "implementation", "prefill ms",
                 "tokens/s", "x transformers"):  # fmt: skip
         table.add_column(col, justify="right" if col not in ("model", "framework") else "left")
-    hf = {(r["model"], r["prompt"], r["batch"]): r["tokens_per_s"] for r in section["rows"]
+    hf = {_case(r, framework=True): r["tokens_per_s"] for r in section["rows"]
           if r["implementation"] == "transformers"}  # fmt: skip
-    for r in sorted(section["rows"], key=lambda r: (r["model"], r["prompt"], r["batch"])):
-        base, rate = hf.get((r["model"], r["prompt"], r["batch"])), r["tokens_per_s"]
+    for r in sorted(section["rows"], key=_case):
+        base, rate = hf.get(_case(r, framework=True)), r["tokens_per_s"]
         table.add_row(
             r["model"], str(r["prompt"]), str(r["batch"]), r["framework"], r["implementation"],
             f"{r['prefill_ms']:.1f}", "noise" if rate is None else f"{rate:.0f}",
@@ -222,29 +228,43 @@ def print_decode(section: dict, console: Any) -> None:
 
 
 def write_decode_plot(section: dict, path: Path) -> None:
-    """Tokens/s per case and implementation, one bar group per case."""
+    """Two panels, one bar group per case: tokens/s of multiattn per framework beside
+    transformers' (the median of its rates in the frameworks' processes), and each
+    framework's ratio to the transformers rate of its own process, with the targets' 1x
+    and 3x drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = section["rows"]
-    cases = sorted({(r["model"], r["prompt"], r["batch"]) for r in rows})
-    impls = sorted({(r["framework"], r["implementation"]) for r in rows})
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cases)), 4))
-    width = 0.8 / max(1, len(impls))
-    for i, (fw, impl) in enumerate(impls):
-        values = [
-            next((r["tokens_per_s"] or 0.0 for r in rows if (r["model"], r["prompt"],
-                  r["batch"]) == c and (r["framework"], r["implementation"]) == (fw, impl)), 0.0)
-            for c in cases
-        ]  # fmt: skip
-        label = impl if impl == "transformers" else f"multiattn ({fw})"
-        ax.bar(np.arange(len(cases)) + i * width, values, width, label=label)
-    ax.set_xticks(np.arange(len(cases)) + 0.4 - width / 2)
-    ax.set_xticklabels([f"{m}\nprompt {p}, batch {b}" for m, p, b in cases], fontsize=8)
-    ax.set_ylabel("new tokens / s")
-    ax.legend(fontsize=8)
+    rows = [r for r in section["rows"] if r["tokens_per_s"] is not None]
+    cases = sorted({_case(r) for r in section["rows"]})
+    ours = {_case(r, framework=True): r["tokens_per_s"] for r in rows
+            if r["implementation"] == "multiattn"}  # fmt: skip
+    hf = {_case(r, framework=True): r["tokens_per_s"] for r in rows
+          if r["implementation"] == "transformers"}  # fmt: skip
+    frameworks = sorted({r["framework"] for r in section["rows"]})
+    fig, (rate_ax, ratio_ax) = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(cases)), 7))
+    width = 0.8 / (len(frameworks) + 1)
+    x = np.arange(len(cases))
+    for i, fw in enumerate(frameworks):
+        rate_ax.bar(x + i * width, [ours.get((fw, *c), 0.0) for c in cases], width,
+                    label=f"multiattn ({fw})")  # fmt: skip
+        ratio_ax.bar(x + i * width, [ours[(fw, *c)] / hf[(fw, *c)]
+                                     if (fw, *c) in ours and hf.get((fw, *c)) else 0.0
+                                     for c in cases], width, label=fw)  # fmt: skip
+    medians = [statistics.median([v for k, v in hf.items() if k[1:] == c] or [0.0])
+               for c in cases]  # fmt: skip
+    rate_ax.bar(x + len(frameworks) * width, medians, width,
+                label="transformers (median of the processes)")  # fmt: skip
+    for level in (1.0, 3.0):
+        ratio_ax.axhline(level, color="grey", linestyle="--", linewidth=0.8)
+    rate_ax.set_ylabel("new tokens / s")
+    ratio_ax.set_ylabel("x transformers (same process)")
+    for ax in (rate_ax, ratio_ax):
+        ax.set_xticks(x + 0.4 - width / 2)
+        ax.set_xticklabels([f"{m}\nprompt {p}, batch {b}" for m, p, b in cases], fontsize=8)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
