@@ -20,6 +20,7 @@ import contextvars
 import functools
 import inspect
 import itertools
+import math
 from typing import Any
 
 import keras
@@ -217,6 +218,18 @@ def _window(tree: Any, first_row: Any, rows: int) -> Any:
         return keras.ops.slice(x, (first_row, *zeros), (rows, *x.shape[1:]))
 
     return keras.tree.map_structure(cut, tree)
+
+
+def _bytes_of(arrays: list) -> int:
+    """The bytes of ``arrays`` (tensors, variables), from their shapes and dtypes alone:
+    with NumPy's ``prod`` per array, a model's weights took 0.8 ms (jax, GPT-2 shape), time
+    that holds Python's lock while the other loops' threads wait."""
+    return sum(math.prod(a.shape) * _itemsize(str(a.dtype)) for a in arrays)
+
+
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    return np.dtype(keras.backend.standardize_dtype(dtype)).itemsize
 
 
 def _joined(outs: list, pad: int) -> np.ndarray:
@@ -467,7 +480,7 @@ class GenerationMixin:
     def _weight_bytes(self) -> int:
         """The bytes of the model's weights (`multiattn.tuning`'s decoding choices are
         timed only for models of at least `multiattn.tuning.DECODE_MIN_WEIGHT_BYTES`)."""
-        return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in self.variables)
+        return _bytes_of(self.variables)
 
     def _decode_rows(self, ids, mask, new, options, eos, pad, loops=1) -> np.ndarray:
         """`_loop` with the caches it makes written in place (`owned_caches`), under
@@ -508,7 +521,7 @@ class GenerationMixin:
         loop = None if options["do_sample"] else self._compiled_loop()
         window = ()
         if rows is not None:  # the first row a tensor: one trace per size of group
-            start = keras.ops.convert_to_tensor(rows.start, "int32")
+            start = np.asarray(rows.start, np.int32)  # an array: a conversion costs more
             first, window = first[rows], (start, rows.stop - rows.start)
         if loop is not None:
             tokens, count = loop(logits, state, new, eos, pad, *window)
@@ -681,12 +694,15 @@ class GenerationMixin:
         )
         compiled = jit()
         without_ynn = jit(compiler_options=tuning.NO_YNN_FUSIONS) if choose_ynn else None
+        weight_bytes = _bytes_of(variables)  # the weights this function reads
 
         def leading() -> tuple:
             return [v.value for v in variables], cache_scope(), config.fingerprint()
 
         def chosen(head: tuple, args: tuple):
-            if without_ynn is None or self._ynn_fusions(compiled, without_ynn, head, args):
+            if without_ynn is None or self._ynn_fusions(
+                compiled, without_ynn, head, args, weight_bytes
+            ):
                 return compiled
             return without_ynn
 
@@ -701,12 +717,15 @@ class GenerationMixin:
         call.optimized_hlo = optimized_hlo
         return call
 
-    def _ynn_fusions(self, with_ynn, without_ynn, head: tuple, args: tuple) -> bool:
+    def _ynn_fusions(
+        self, with_ynn, without_ynn, head: tuple, args: tuple, weight_bytes: int
+    ) -> bool:
         """Whether the decoding loop runs with XLA:CPU's YNNPACK fusions (jax's default)
         on ``args`` (`_greedy`'s: logits, state, new, eos, pad[, first_row, rows]):
         `multiattn.tuning.ynn_fusions_pay` on this call's own inputs, per shape class
         (the model's class, the loop's rows, prompt, cache bytes, new tokens, dtype,
-        loops side by side); True off jax's CPU backend. Where `_decode` runs groups of
+        loops side by side; ``weight_bytes``, those of the weights the loop reads, decide
+        whether it is timed); True off jax's CPU backend. Where `_decode` runs groups of
         rows side by side, each candidate is timed as that many copies of this loop side
         by side: timed alone, a loop with the fusions won (Llama shape, 4 rows, 173
         against 179 ms) where two side by side lost (3.12 against 2.00 ms per step)."""
@@ -719,8 +738,7 @@ class GenerationMixin:
         logits, state, new = args[:3]
         batch = logits.shape[0]
         rows = args[6] if len(args) > 6 else batch  # this loop's rows of the prefill's
-        caches = keras.tree.flatten(state["caches"])
-        cache_bytes = sum(int(np.prod(c.shape)) * c.dtype.itemsize for c in caches)
+        cache_bytes = _bytes_of(keras.tree.flatten(state["caches"]))
         cls = {
             "model": type(self).__name__,
             "rows": tuning.bucket(rows),
@@ -741,5 +759,5 @@ class GenerationMixin:
             return _side_by_side(run, cls["groups"])
 
         return tuning.ynn_fusions_pay(
-            lambda: candidate(with_ynn), lambda: candidate(without_ynn), cls, self._weight_bytes()
+            lambda: candidate(with_ynn), lambda: candidate(without_ynn), cls, weight_bytes
         )
