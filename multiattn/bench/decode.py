@@ -244,7 +244,7 @@ def write_decode_plot(section: dict, path: Path) -> None:
     hf = {_case(r, framework=True): r["tokens_per_s"] for r in rows
           if r["implementation"] == "transformers"}  # fmt: skip
     frameworks = sorted({r["framework"] for r in section["rows"]})
-    fig, (rate_ax, ratio_ax) = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(cases)), 7))
+    fig, (rate_ax, ratio_ax) = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(cases)) + 3, 7))
     width = 0.8 / (len(frameworks) + 1)
     x = np.arange(len(cases))
     for i, fw in enumerate(frameworks):
@@ -264,7 +264,7 @@ def write_decode_plot(section: dict, path: Path) -> None:
     for ax in (rate_ax, ratio_ax):
         ax.set_xticks(x + 0.4 - width / 2)
         ax.set_xticklabels([f"{m}\nprompt {p}, batch {b}" for m, p, b in cases], fontsize=8)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
