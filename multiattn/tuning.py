@@ -1253,26 +1253,29 @@ def decode_loops(
     run: Callable[[int], Any],
     batch: int,
     shape_class: Mapping[str, Any],
-    weight_bytes: int,
+    weight_bytes: Callable[[], int],
 ) -> int:
     """How many compiled loops greedy decoding (jax, TensorFlow) runs side by side, each
     in a thread of its own over a group of rows: ``settings(decode_threads=n)`` if set (at
     most one per row); else one per core this process may run on
     (`multiattn.config.process_cores`) where the batch has no more rows than that; else
     one per core or one per row, timed once per shape class (the caller's fields, the
-    cores and the weights' bytes) by ``run(count)``, the caller's own ``generate`` in
-    ``count`` loops, prompt pass included.
+    cores and the weights' bytes, ``weight_bytes()``, asked for only here) by
+    ``run(count)``: the caller's own tokens after the prompt in ``count`` loops.
 
     A loop over several rows multiplies their activations by each weight in a small
     matrix product, a loop over one row in a matrix-vector product, which XLA:CPU
     compiles differently: on a 2-core AMD EPYC (AVX2), GPT-2 and Llama shapes at
     batch 8, eight one-row loops took 10% to 46% less time per token than two loops of
     four, but each loop adds a fixed cost per call that a short generation does not win
-    back. Hence the whole call is timed, as the user makes it. Models under
-    `DECODE_MIN_WEIGHT_BYTES` keep one loop per core untimed; one loop per core is kept
-    unless one per row is faster by more than `MARGIN`. The candidates start threads that
-    make decisions of their own, so they are timed without the decisions' lock
-    (`decide`'s ``hold_lock``)."""
+    back. Hence the loops are timed whole, calls and threads included. The prompt
+    passes are left out: they run in one group per core either way, so they are made
+    once and both candidates decode from them (timed in each, their 400 ms at prompt
+    512 and batch 8 diluted a 15% difference in the loops under the margin). Models
+    under `DECODE_MIN_WEIGHT_BYTES` keep one loop per core untimed; one loop per core is
+    kept unless one per row is faster by more than `MARGIN`. The candidates start
+    threads that make decisions of their own, so they are timed without the decisions'
+    lock (`decide`'s ``hold_lock``)."""
     from . import config
 
     forced = config.get_decode_threads()
@@ -1281,14 +1284,15 @@ def decode_loops(
         return min(forced or cores, batch)
     # the weights' exact bytes: two architectures of one class and size (GPT-2 and Llama
     # shapes, both `CausalLM`) differ in where a step's time goes
-    cls = {**shape_class, "cores": cores, "weights": weight_bytes}
+    size = weight_bytes()
+    cls = {**shape_class, "cores": cores, "weights": size}
     reason = f"weights under {DECODE_MIN_WEIGHT_BYTES >> 20} MiB: one loop per core, untimed"
 
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
         fns = {str(n): functools.partial(run, n) for n in (cores, batch)}
-        return fns, "the call's own prompt and new tokens"
+        return fns, "the call's own new tokens, after its prompt passes"
 
     choice = decide("decode-loops", cls, candidates, fallback=str(cores),
-                    measurable=weight_bytes >= DECODE_MIN_WEIGHT_BYTES, reason=reason,
+                    measurable=size >= DECODE_MIN_WEIGHT_BYTES, reason=reason,
                     margin=MARGIN, hold_lock=False)  # fmt: skip
     return int(choice)

@@ -307,15 +307,18 @@ def test_decode_loops_times_one_loop_per_core_against_one_per_row(monkeypatch, p
     monkeypatch.setattr(config, "process_cores", lambda: 2)
     run = _decoding(clock, {2: 1.0, 8: per_row}, made)
     cls = {"model": "m", "rows": 8}
-    assert tuning.decode_loops(run, 8, cls, tuning.DECODE_MIN_WEIGHT_BYTES) == choice
+
+    def big():
+        return tuning.DECODE_MIN_WEIGHT_BYTES
+
+    assert tuning.decode_loops(run, 8, cls, big) == choice
     assert made and set(made) == {"x"}
     loops = [d for d in tuning.decisions() if d["op"] == "decode-loops"]
     assert len(loops) == 1 and loops[0]["how"] == "measured"
     assert set(loops[0]["median_ms"]) == {"2", "8"}
     assert loops[0]["shape_class"]["cores"] == 2
     # kept: the next call of the class times nothing
-    assert tuning.decode_loops(lambda n: pytest.fail("timed again"), 8, cls,
-                               tuning.DECODE_MIN_WEIGHT_BYTES) == choice  # fmt: skip
+    assert tuning.decode_loops(lambda n: pytest.fail("timed again"), 8, cls, big) == choice
 
 
 def test_decode_loops_untimed_where_set_few_rows_or_small_weights(monkeypatch):
@@ -324,14 +327,16 @@ def test_decode_loops_untimed_where_set_few_rows_or_small_weights(monkeypatch):
     def untimed(count):
         pytest.fail("nothing is timed here")
 
+    def unasked():
+        pytest.fail("the weights' bytes are asked for only where the loops may be timed")
+
     monkeypatch.setattr(config, "process_cores", lambda: 2)
-    big = tuning.DECODE_MIN_WEIGHT_BYTES
     with config.settings(decode_threads=3):
-        assert tuning.decode_loops(untimed, 8, {}, big) == 3
-        assert tuning.decode_loops(untimed, 2, {}, big) == 2  # at most one per row
-    assert tuning.decode_loops(untimed, 2, {}, big) == 2  # no more rows than cores
-    assert tuning.decode_loops(untimed, 1, {}, big) == 1
-    assert tuning.decode_loops(untimed, 8, {}, big - 1) == 2
+        assert tuning.decode_loops(untimed, 8, {}, unasked) == 3
+        assert tuning.decode_loops(untimed, 2, {}, unasked) == 2  # at most one per row
+    assert tuning.decode_loops(untimed, 2, {}, unasked) == 2  # no more rows than cores
+    assert tuning.decode_loops(untimed, 1, {}, unasked) == 1
+    assert tuning.decode_loops(untimed, 8, {}, lambda: tuning.DECODE_MIN_WEIGHT_BYTES - 1) == 2
     (small,) = tuning.decisions()
     assert (small["op"], small["how"], small["choice"]) == ("decode-loops", "fallback", "2")
     assert "MiB" in small["reason"]

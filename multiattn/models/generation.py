@@ -199,7 +199,9 @@ def _side_by_side(fn, count: int):
 def _in_threads(calls: list) -> list:
     """The results of ``calls`` (zero-argument callables) run side by side, each in a
     thread of its own that runs in a copy of the caller's context (its `settings` and
-    `owned_caches` blocks)."""
+    `owned_caches` blocks); a single call runs in the caller's thread."""
+    if len(calls) == 1:
+        return [calls[0]()]
     with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
         runs = [pool.submit(contextvars.copy_context().run, call) for call in calls]
         return [run.result() for run in runs]
@@ -411,31 +413,56 @@ class GenerationMixin:
         return keras.backend.backend() if isinstance(self, _keras_layers.Layer) else None
 
     def _decode(self, ids, mask, new, options, eos, pad) -> np.ndarray:
-        """`_decode_rows` of the whole batch, or of groups of its rows side by side
-        (`_group_count`, `_decode_in`)."""
-        count = self._group_count(ids, mask, new, options, eos, pad)
-        return self._decode_in(count, ids, mask, new, options, eos, pad)
-
-    def _decode_in(self, count, ids, mask, new, options, eos, pad) -> np.ndarray:
-        """The batch decoded in ``count`` compiled loops (at most one per row, as
-        `_group_count` gives) side by side, each over a group of rows (`_row_groups`).
-        The prompt passes run in at most one group per core, each in a thread of its
-        own, and each prompt group's rows are then shared out among its part of the
-        ``count`` loops (`_loop`)."""
+        """The batch decoded in one loop (`_decode_rows`), or, greedy in the compiled loop
+        (jax, TensorFlow), in as many compiled loops side by side as `_group_count`
+        gives (one, or one per group of rows): the prompt passes in at most one group per
+        core (`_prefills`), then each prompt group's rows shared out among its part of
+        the loops (`_loops`). The prompt passes are made once per call, also where
+        `_group_count` times the loops on them."""
         from .. import config
 
-        if count == 1:
+        if options["do_sample"] or self._compiled_loop() is None:
             return self._decode_rows(ids, mask, new, options, eos, pad)
-        prompts = self._row_groups(ids.shape[0], min(count, config.process_cores()))
-        loops = [group.stop - group.start for group in self._row_groups(count, len(prompts))]
+        made: dict[int, tuple] = {}
+
+        def decoded(count: int) -> np.ndarray:
+            groups = min(count, config.process_cores())
+            if groups not in made:
+                made[groups] = self._prefills(ids, mask, new, groups)
+            return self._loops(made[groups], count, new, options, eos, pad)
+
+        return decoded(self._group_count(ids, new, decoded))
+
+    def _prefills(self, ids, mask, new, groups: int) -> tuple:
+        """The prompt passes (`_begin`) of ``groups`` groups of rows (`_row_groups`), side
+        by side in threads of their own: their results in row order, and whether every
+        cache they filled holds only finite values (`_finite`)."""
         self._prefill_step()  # made once here, not by each thread
+        with owned_caches(index_checked=True):  # `_check_lengths`
+            begun = _in_threads([
+                functools.partial(self._begin, ids[rows], mask[rows], new)
+                for rows in self._row_groups(ids.shape[0], groups)
+            ])  # fmt: skip
+        return begun, all(_finite(state["caches"]) for _, state, _ in begun)
+
+    def _loops(self, prefills: tuple, count: int, new, options, eos, pad) -> np.ndarray:
+        """The tokens after the prompt passes ``prefills`` (`_prefills`) in ``count``
+        compiled loops side by side, each prompt group's rows shared out among its part
+        of them (`_row_groups`); each loop cuts its rows out of its group's state itself
+        (`_tokens`) and leaves that state as it was, so the same prompt passes serve
+        any number of calls."""
+        begun, finite = prefills
+        shares = [g.stop - g.start for g in self._row_groups(count, len(begun))]
+        calls = [
+            functools.partial(self._tokens, logits, state, first, new, options, eos, pad,
+                              rows if n > 1 else None)
+            for (logits, state, first), n in zip(begun, shares)
+            for rows in self._row_groups(first.shape[0], n)
+        ]  # fmt: skip
         token = _GROUPS.set(count)  # seen by the threads' copies of the context
         try:
-            return _joined(_in_threads([
-                functools.partial(self._decode_rows, ids[rows], mask[rows], new, options,
-                                  eos, pad, loops=n)
-                for rows, n in zip(prompts, loops)
-            ]), pad)  # fmt: skip
+            with owned_caches(index_checked=True, values_checked=finite):
+                return _joined(_in_threads(calls), pad)
         finally:
             _GROUPS.reset(token)
 
@@ -447,12 +474,11 @@ class GenerationMixin:
         bounds = [batch * i // count for i in range(count + 1)]
         return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
-    def _group_count(self, ids, mask, new, options, eos, pad) -> int:
-        """How many compiled loops `_decode` runs side by side, each in a thread of its
-        own over a group of rows: greedy decoding in the compiled loop (jax, TensorFlow)
-        runs one per core or one per row, as `multiattn.tuning.decode_loops` measures
-        or ``settings(decode_threads=...)`` forces, its prompt passes in at most one
-        group per core (`_decode_in`); anything else is one loop.
+    def _group_count(self, ids, new, decoded) -> int:
+        """How many compiled loops greedy decoding runs side by side, each in a thread of
+        its own over a group of rows: one per core or one per row, as
+        `multiattn.tuning.decode_loops` measures by ``decoded(count)`` (`_decode`'s
+        loops after its prompt passes) or ``settings(decode_threads=...)`` forces.
 
         A decoding step reads every cache and weight once per token and does little with
         each byte: at batch 8 XLA's loop ran at the speed at which one core reads memory,
@@ -463,8 +489,6 @@ class GenerationMixin:
         jax."""
         from .. import tuning
 
-        if options["do_sample"] or self._compiled_loop() is None:
-            return 1
         cls = {
             "model": type(self).__name__,
             "backend": self._backend(),
@@ -473,16 +497,14 @@ class GenerationMixin:
             "new": tuning.bucket(new),
             "dtype": self.dtype_policy.compute_dtype,
         }
-        run = functools.partial(self._decode_in, ids=ids, mask=mask, new=new,
-                                options=options, eos=eos, pad=pad)  # fmt: skip
-        return tuning.decode_loops(run, ids.shape[0], cls, self._weight_bytes())
+        return tuning.decode_loops(decoded, ids.shape[0], cls, self._weight_bytes)
 
     def _weight_bytes(self) -> int:
         """The bytes of the model's weights (`multiattn.tuning`'s decoding choices are
         timed only for models of at least `multiattn.tuning.DECODE_MIN_WEIGHT_BYTES`)."""
         return _bytes_of(self.variables)
 
-    def _decode_rows(self, ids, mask, new, options, eos, pad, loops=1) -> np.ndarray:
+    def _decode_rows(self, ids, mask, new, options, eos, pad) -> np.ndarray:
         """`_loop` with the caches it makes written in place (`owned_caches`), under
         ``torch.no_grad()`` on torch: generation needs no gradients."""
         with contextlib.ExitStack() as scope:
@@ -491,24 +513,15 @@ class GenerationMixin:
                 import torch
 
                 scope.enter_context(torch.no_grad())
-            return self._loop(ids, mask, new, options, eos, pad, loops)
+            return self._loop(ids, mask, new, options, eos, pad)
 
-    def _loop(self, ids, mask, new, options, eos, pad, loops=1) -> np.ndarray:
-        """The prompt pass, then the tokens after it in ``loops`` groups of rows side by
-        side (`_row_groups`, `_in_threads`): every array of the state `_begin` returns
-        has the batch first, so a group's state is its rows of each, which its loop
-        takes itself (`_tokens`)."""
+    def _loop(self, ids, mask, new, options, eos, pad) -> np.ndarray:
+        """The prompt pass, then the tokens after it in one loop (`_tokens`)."""
         logits, state, first = self._begin(ids, mask, new)
         # After the prompt the caches are checked once for NaN and infinities: the
         # steps then skip that screen (`owned_caches`).
         with owned_caches(index_checked=True, values_checked=_finite(state["caches"])):
-            if loops == 1:
-                return self._tokens(logits, state, first, new, options, eos, pad)
-            return _joined(_in_threads([
-                functools.partial(self._tokens, logits, state, first, new, options, eos,
-                                  pad, rows)
-                for rows in self._row_groups(ids.shape[0], loops)
-            ]), pad)  # fmt: skip
+            return self._tokens(logits, state, first, new, options, eos, pad)
 
     def _tokens(self, logits, state, first, new, options, eos, pad, rows=None) -> np.ndarray:
         """The tokens after the prefill: ``first`` and the new columns; with ``rows`` (a

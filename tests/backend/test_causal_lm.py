@@ -589,7 +589,9 @@ def test_decode_threads_setting_checks_its_value_and_is_unset_by_default():
 
 
 @pytest.mark.parametrize("threads,batch", [(2, 5), (3, 2), (1, 4), (4, 8)])
-def test_rows_are_split_into_nearly_equal_groups_for_the_compiled_loop(tmp_path, threads, batch):
+def test_rows_are_split_into_nearly_equal_groups_for_the_compiled_loop(
+    tmp_path, monkeypatch, threads, batch
+):
     """``decode_threads`` groups of nearly equal size (at most one per row) where greedy
     decoding runs the compiled loop (jax, TensorFlow); one group when sampling and on the
     other backends, and the groups' tokens are those of the batch decoded in one piece."""
@@ -597,23 +599,31 @@ def test_rows_are_split_into_nearly_equal_groups_for_the_compiled_loop(tmp_path,
 
     _build("gpt2", tmp_path / "m")
     layer = from_pretrained(tmp_path / "m").layer
-    ids, mask, new, greedy, eos, pad = _decode_args(np.zeros((batch, 1)), np.zeros((batch, 1)), 1)
+    ids = np.random.default_rng(batch).integers(1, VOCAB, (batch, 4))
+
+    def untimed(count):
+        pytest.fail("a forced number of loops times nothing")
+
     with config.settings(decode_threads=threads):
-        count = layer._group_count(ids, mask, new, greedy, eos, pad)
-        sampled = {**greedy, "do_sample": True}
-        assert layer._group_count(ids, mask, new, sampled, eos, pad) == 1
+        count = layer._group_count(ids, 3, untimed)
     groups = layer._row_groups(batch, count)
     sizes = [g.stop - g.start for g in groups]
     assert groups[0].start == 0 and groups[-1].stop == batch and sum(sizes) == batch
-    if BACKEND in ("jax", "tensorflow"):
-        assert len(groups) == min(threads, batch) and max(sizes) - min(sizes) <= 1
-    else:
-        assert groups == [slice(0, batch)]
-    ids = np.random.default_rng(batch).integers(1, VOCAB, (batch, 4))
+    assert len(groups) == min(threads, batch) and max(sizes) - min(sizes) <= 1
+    loops = []
+    tokens = layer._tokens
+    monkeypatch.setattr(layer, "_tokens", lambda *a: loops.append(a[7:]) or tokens(*a))
     with config.settings(decode_threads=threads):
         got = layer.generate(ids, max_new_tokens=3)
+        sampled = layer.generate(ids, max_new_tokens=3, do_sample=True, seed=1)
+    if BACKEND in ("jax", "tensorflow"):  # greedy in the compiled loop: in groups
+        assert len(loops) == min(threads, batch) + 1 and loops[-1] == ()
+    else:
+        assert loops == [(), ()]  # one loop in Python, of every row
     with config.settings(decode_threads=1):
         np.testing.assert_array_equal(got, layer.generate(ids, max_new_tokens=3))
+        want = layer.generate(ids, max_new_tokens=3, do_sample=True, seed=1)
+    np.testing.assert_array_equal(sampled, want)
 
 
 @pytest.mark.parametrize("ends", ["none", "one row"])
@@ -650,9 +660,10 @@ def test_more_loops_than_cores_share_out_each_prompt_groups_rows(tmp_path, monke
 
 def test_more_rows_than_cores_time_one_loop_per_core_against_one_per_row(tmp_path, monkeypatch):
     """Unset, ``decode_threads`` with more rows than cores (one core here) times one loop
-    per core against one per row on the call's own decoding, once per shape class (the
-    weight floor lowered for this tiny model), and the tokens are those of the batch in
-    one piece; under the floor nothing is timed and one loop per core is kept."""
+    per core against one per row on the call's own decoding after its prompt pass, made
+    once, once per shape class (the weight floor lowered for this tiny model), and the
+    tokens are those of the batch in one piece; under the floor nothing is timed and one
+    loop per core is kept."""
     from multiattn import config, tuning
 
     _build("gpt2", tmp_path / "m")
@@ -671,8 +682,14 @@ def test_more_rows_than_cores_time_one_loop_per_core_against_one_per_row(tmp_pat
     assert "MiB" in made[0]["reason"]
     monkeypatch.setattr(tuning, "DECODE_MIN_WEIGHT_BYTES", 0)
     tuning.reset()
+    passes = []
+    begin = model.layer._begin
+    monkeypatch.setattr(
+        model.layer, "_begin", lambda i, m, n: passes.append(i.shape[0]) or begin(i, m, n)
+    )
     for _ in range(2):
         np.testing.assert_array_equal(model.generate(ids, max_new_tokens=5), want)
+    assert passes == [3, 3]  # one prompt pass per call: the timing decodes from it
     made = [d for d in tuning.decisions() if d["op"] == "decode-loops"]
     assert len(made) == 1 and made[0]["how"] == "measured"
     assert set(made[0]["median_ms"]) == {"1", "3"} and made[0]["choice"] in ("1", "3")
