@@ -44,6 +44,7 @@ import numpy as np
 
 from .._contract import Namespace
 from .._namespace import batch_pieces, batch_views, framework_of, join_pieces
+from .._threads import kept_pool
 
 __all__ = ["PaddleNamespace", "check_import_order"]
 
@@ -258,10 +259,6 @@ except ImportError:  # a Paddle without SOT translates nothing
         return False
 
 
-#: The pool of `_side_by_side` and the process that made it (a forked child makes its
-#: own: the parent's threads do not exist there).
-_POOL: dict[int, ThreadPoolExecutor] = {}
-_POOL_LOCK = threading.Lock()
 _IN_POOL = threading.local()
 
 
@@ -271,12 +268,8 @@ def cpu_threads() -> int:
 
 
 def _pool() -> ThreadPoolExecutor:
-    pid = os.getpid()
-    with _POOL_LOCK:
-        if pid not in _POOL:
-            _POOL.clear()
-            _POOL[pid] = ThreadPoolExecutor(cpu_threads(), thread_name_prefix="multiattn-paddle")
-        return _POOL[pid]
+    """The pool of `_side_by_side`: `cpu_threads` threads, kept per process."""
+    return kept_pool("paddle", cpu_threads())
 
 
 def _side_by_side(fn: Callable[..., Any], pieces: Sequence[tuple], like: Any) -> list:

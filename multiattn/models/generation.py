@@ -14,7 +14,6 @@ decoding splits the batch's rows into groups decoded side by side in threads
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -29,6 +28,7 @@ import optree
 from keras import layers as _keras_layers  # Keras' own, also in the Paddle twins
 
 from .._namespace import cache_kept_axes, cache_scope, enter_cache_scope, owned_caches
+from .._threads import kept_pool
 from ..ops.attention import all_finite
 
 __all__ = ["GenerationMixin", "choose_tokens"]
@@ -187,6 +187,11 @@ def _finite(caches: Any) -> bool:
 _GROUPS: contextvars.ContextVar[int] = contextvars.ContextVar("multiattn_groups", default=1)
 
 
+#: No bound on `_in_threads`' pool: a call that waited for a thread would wait for calls
+#: that may themselves be waiting for its result.
+_UNBOUNDED = 1 << 20
+
+
 def _side_by_side(fn, count: int):
     """``fn`` run ``count`` times at once, in threads of their own (as `_decode` runs its
     groups); ``fn`` itself for one."""
@@ -199,12 +204,14 @@ def _side_by_side(fn, count: int):
 def _in_threads(calls: list) -> list:
     """The results of ``calls`` (zero-argument callables) run side by side, each in a
     thread of its own that runs in a copy of the caller's context (its `settings` and
-    `owned_caches` blocks); a single call runs in the caller's thread."""
+    `owned_caches` blocks); a single call runs in the caller's thread. The threads are
+    kept from call to call (`multiattn._threads.kept_pool`); the pool starts another
+    whenever none is idle, so calls made inside these threads run side by side too."""
     if len(calls) == 1:
         return [calls[0]()]
-    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
-        runs = [pool.submit(contextvars.copy_context().run, call) for call in calls]
-        return [run.result() for run in runs]
+    pool = kept_pool("decode", _UNBOUNDED)
+    runs = [pool.submit(contextvars.copy_context().run, call) for call in calls]
+    return [run.result() for run in runs]
 
 
 def _window(tree: Any, first_row: Any, rows: int) -> Any:
@@ -751,7 +758,8 @@ class GenerationMixin:
         logits, state, new = args[:3]
         batch = logits.shape[0]
         rows = args[6] if len(args) > 6 else batch  # this loop's rows of the prefill's
-        cache_bytes = _bytes_of(keras.tree.flatten(state["caches"]))
+        # optree's own leaves: Keras' flatten took a third of the Python time of a call
+        cache_bytes = _bytes_of(optree.tree_leaves(state["caches"], none_is_leaf=True))
         cls = {
             "model": type(self).__name__,
             "rows": tuning.bucket(rows),
