@@ -420,11 +420,11 @@ class GenerationMixin:
         return keras.backend.backend() if isinstance(self, _keras_layers.Layer) else None
 
     def _decode(self, ids, mask, new, options, eos, pad) -> np.ndarray:
-        """The batch decoded in one loop (`_decode_rows`), or, greedy in the compiled loop
-        (jax, TensorFlow), in as many compiled loops side by side as `_group_count`
-        gives (one, or one per group of rows): the prompt passes in at most one group per
-        core (`_prefills`), then each prompt group's rows shared out among its part of
-        the loops (`_loops`). The prompt passes are made once per call, also where
+        """The batch decoded in one loop (`_decode_rows`); greedy in the compiled loop (jax,
+        TensorFlow), in as many compiled loops side by side as `_group_count` gives, each
+        over a group of rows: the prompt passes in at most one group per core
+        (`_prefills`), then each prompt group's rows shared out among its part of the
+        loops (`_loops`). The prompt passes are made once per call, also where
         `_group_count` times the loops on them."""
         from .. import config
 
