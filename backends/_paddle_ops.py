@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import math
-import os
 import string
 import sys
 import threading
@@ -45,6 +44,7 @@ import numpy as np
 from .._contract import Namespace
 from .._namespace import batch_pieces, batch_views, framework_of, join_pieces
 from .._threads import kept_pool
+from ..config import process_cores
 
 __all__ = ["PaddleNamespace", "check_import_order"]
 
@@ -263,8 +263,9 @@ _IN_POOL = threading.local()
 
 
 def cpu_threads() -> int:
-    """The threads `_side_by_side` runs pieces on: the CPUs this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The threads `_side_by_side` runs pieces on: the cores this process may run on
+    (`multiattn.config.process_cores`)."""
+    return process_cores()
 
 
 def _pool() -> ThreadPoolExecutor:
