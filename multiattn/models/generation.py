@@ -459,10 +459,12 @@ class GenerationMixin:
         (`_tokens`) and leaves that state as it was, so the same prompt passes serve
         any number of calls."""
         begun, finite = prefills
+        # the caches were checked once for NaN and infinities after the prompt: the
+        # steps then skip that screen (`owned_caches`)
         shares = [g.stop - g.start for g in self._row_groups(count, len(begun))]
         calls = [
             functools.partial(self._tokens, logits, state, first, new, options, eos, pad,
-                              rows if n > 1 else None)
+                              *((rows,) if n > 1 else ()))  # one loop: every row
             for (logits, state, first), n in zip(begun, shares)
             for rows in self._row_groups(first.shape[0], n)
         ]  # fmt: skip
@@ -512,23 +514,14 @@ class GenerationMixin:
         return _bytes_of(self.variables)
 
     def _decode_rows(self, ids, mask, new, options, eos, pad) -> np.ndarray:
-        """`_loop` with the caches it makes written in place (`owned_caches`), under
-        ``torch.no_grad()`` on torch: generation needs no gradients."""
+        """The prompt pass of the whole batch, then its tokens in one loop (`_prefills`,
+        `_loops`), under ``torch.no_grad()`` on torch: generation needs no gradients."""
         with contextlib.ExitStack() as scope:
-            scope.enter_context(owned_caches(index_checked=True))  # `_check_lengths`
             if self._backend() == "torch":
                 import torch
 
                 scope.enter_context(torch.no_grad())
-            return self._loop(ids, mask, new, options, eos, pad)
-
-    def _loop(self, ids, mask, new, options, eos, pad) -> np.ndarray:
-        """The prompt pass, then the tokens after it in one loop (`_tokens`)."""
-        logits, state, first = self._begin(ids, mask, new)
-        # After the prompt the caches are checked once for NaN and infinities: the
-        # steps then skip that screen (`owned_caches`).
-        with owned_caches(index_checked=True, values_checked=_finite(state["caches"])):
-            return self._tokens(logits, state, first, new, options, eos, pad)
+            return self._loops(self._prefills(ids, mask, new, 1), 1, new, options, eos, pad)
 
     def _tokens(self, logits, state, first, new, options, eos, pad, rows=None) -> np.ndarray:
         """The tokens after the prefill: ``first`` and the new columns; with ``rows`` (a
@@ -607,7 +600,7 @@ class GenerationMixin:
     def _compiled_loop(self):
         """`_greedy` compiled once per model (traced per prompt shape and options):
         under ``jax.jit`` (weights as arguments) or ``tf.function`` with XLA; None on the
-        other backends and under ``settings(compiled_loop=False)``, where `_loop` loops
+        other backends and under ``settings(compiled_loop=False)``, where `_tokens` loops
         in Python.
 
         One compiled loop has no return to Python between tokens, and XLA updates the
