@@ -277,7 +277,8 @@ def settings(
             each prompt group's rows are shared out among its part of the loops. None
             (the default): one loop per core this process may run on
             (`process_cores`), at most one per row; where the batch has more rows than
-            that, one loop per core or one per row (each a matrix-vector loop over one
+            that, one loop per core, one per core stepping its rows one by one
+            (``decode_rows_apart``) or one per row (each a matrix-vector loop over one
             row), whichever is measured faster on the running machine, once per shape
             class, for models of at least `multiattn.tuning.DECODE_MIN_WEIGHT_BYTES`
             of weights (`multiattn.tuning.decode_loops`). 1 decodes the batch in one

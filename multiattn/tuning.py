@@ -1195,8 +1195,8 @@ def _sync(backend: str, device: str | None) -> Callable[[Any], Any] | None:
 
 
 #: Weights below which `ynn_fusions_pay` keeps XLA's default and `decode_loops` one loop
-#: per core, untimed: timing compiles the decoding loop a second time and runs it 14
-#: times, seconds that a small model's ``generate`` would not win back.
+#: per core, untimed: timing compiles the decoding loop again and runs it 14 times or
+#: more, seconds that a small model's ``generate`` would not win back.
 DECODE_MIN_WEIGHT_BYTES = 4 << 20
 #: The most rows a decoding loop steps one by one (`decode_loops`' ``apart`` candidate):
 #: the compiled loop holds a copy of the model's step per row, and its compilation grows
@@ -1281,11 +1281,11 @@ def decode_loops(
     without the six extra calls and threads: 4% to 18% faster than eight loops in the
     same processes on tensorflow and 8% on jax GPT-2 512, 8% slower on jax Llama 512;
     their program holds a step per row (compiled in 5.5 to 9 s against 2 to 3.5 on
-    tensorflow). Hence the loops are timed whole, calls
-    and threads included. The prompt passes are left out: they run in one group per
-    core in every candidate, so they are made once and every candidate decodes from
-    them (timed in each, their 400 ms at prompt 512 and batch 8 diluted a 15%
-    difference in the loops under the margin). Models under `DECODE_MIN_WEIGHT_BYTES`
+    tensorflow). Hence the loops are timed whole, calls and threads included. The
+    prompt passes are left out: they run in one group per core in every candidate, so
+    they are made once and every candidate decodes from them (timed in each, their
+    400 ms at prompt 512 and batch 8 diluted a 15% difference in the loops under the
+    margin). Models under `DECODE_MIN_WEIGHT_BYTES`
     keep one loop per core with the rows together, untimed; that candidate is kept
     unless another is faster by more than `MARGIN`. The candidates start threads that
     make decisions of their own, so they are timed without the decisions' lock
