@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -23,6 +24,18 @@ def main(argv: list[str] | None = None) -> int:
         "bench", help="time multiattn against each framework's own attention", add_help=False
     )
     sub.add_parser("port", help="convert a weight file between frameworks", add_help=False)
+    tune = sub.add_parser(
+        "tune",
+        help="time the kernel and decoding choices of a model's generate on this machine "
+        "and write them to a file (multiattn.tuning.load_decisions reads it)",
+    )
+    tune.add_argument("model", help="a Hugging Face folder (from_pretrained)")
+    tune.add_argument("--backend", choices=("jax", "torch", "tensorflow", "numpy", "paddle"),
+                      help="the Keras backend, or paddle (default: KERAS_BACKEND)")  # fmt: skip
+    tune.add_argument("--batch", type=_positive, default=1)
+    tune.add_argument("--prompt", type=_positive, default=128, help="prompt length")
+    tune.add_argument("--new-tokens", type=_positive, default=32)
+    tune.add_argument("--out", default="multiattn-tuning.json", help="the file to write")
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["conformance"]:
@@ -59,8 +72,46 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--backends: unknown backend(s) {', '.join(unknown)}")
         return demo_module.run(names)
+    if args.command == "tune":
+        return _tune(args)
     parser.print_help()
     return 2
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1; received {text!r}")
+    return value
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """``multiattn tune``: one greedy ``generate`` of the model with
+    ``settings(autotune=True)``, then its decisions written to ``--out``."""
+    if args.backend == "paddle":
+        import multiattn.paddle  # noqa: F401 - Paddle before anything loads TensorFlow
+    elif args.backend is not None:
+        if "keras" in sys.modules and os.environ.get("KERAS_BACKEND") != args.backend:
+            raise SystemExit("multiattn tune: Keras was imported with another backend.")
+        os.environ["KERAS_BACKEND"] = args.backend
+    import numpy as np
+
+    from . import config, tuning
+    from .models import from_pretrained
+
+    model = from_pretrained(args.model, framework="paddle" if args.backend == "paddle" else None)
+    vocab = int(model.config["vocab_size"])
+    ids = np.random.default_rng(0).integers(0, vocab, (args.batch, args.prompt))
+    with config.settings(autotune=True):
+        if hasattr(model, "generate"):
+            model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False)
+        else:  # an encoder: its forward pass
+            model(input_ids=ids)
+    count = tuning.save_decisions(args.out)
+    for line in tuning.describe_decisions():
+        print(line)
+    print(f"{count} decisions written to {args.out}")
+    return 0
 
 
 if __name__ == "__main__":

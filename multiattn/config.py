@@ -62,6 +62,7 @@ import numpy as np
 from ._namespace import owned_caches
 
 __all__ = [
+    "AUTOTUNE_ENV_VAR",
     "BUDGET_ENV_VAR",
     "DEFAULT_ATTENTION_MEMORY_BUDGET",
     "ONEDNN_ENV_VAR",
@@ -70,6 +71,7 @@ __all__ = [
     "get_attention_backward",
     "get_attention_chunks",
     "get_attention_memory_budget",
+    "get_autotune",
     "get_block_size",
     "get_blockwise_attention",
     "get_compiled_loop",
@@ -110,6 +112,7 @@ _UNITS = {
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 ONEDNN_ENV_VAR = "MULTIATTN_TORCH_ONEDNN"
+AUTOTUNE_ENV_VAR = "MULTIATTN_AUTOTUNE"
 
 _budget: int | None = None
 _torch_onednn: bool | None = None
@@ -189,21 +192,27 @@ def _read_environment() -> dict[str, Any]:
         _environment = {
             "budget": budget,
             "onednn": _parse_onednn(os.environ.get(ONEDNN_ENV_VAR, "")),
+            "autotune": _parse_switch(AUTOTUNE_ENV_VAR, os.environ.get(AUTOTUNE_ENV_VAR, "")),
         }
     return _environment
 
 
 def _parse_onednn(raw: str) -> bool | None:
+    if raw.strip().lower() == "auto":
+        return None
+    return _parse_switch(ONEDNN_ENV_VAR, raw, "1/0, true/false, yes/no, on/off or auto")
+
+
+def _parse_switch(name: str, raw: str, expected: str = "1/0, true/false, yes/no or on/off"):
+    """An environment switch: True, False, or None where it is unset or empty."""
     raw = raw.strip().lower()
     if raw in ("0", "false", "no", "off"):
         return False
     if raw in ("1", "true", "yes", "on"):
         return True
-    if raw in ("", "auto"):
+    if raw == "":
         return None
-    raise ValueError(
-        f"{ONEDNN_ENV_VAR}: expected 1/0, true/false, yes/no, on/off or auto; received {raw!r}."
-    )
+    raise ValueError(f"{name}: expected {expected}; received {raw!r}.")
 
 
 @contextmanager
@@ -222,6 +231,7 @@ def settings(
     attention_backward: str | None = _UNSET,
     blockwise_attention: bool | None = _UNSET,
     ynn_fusions: bool | None = _UNSET,
+    autotune: bool | None = _UNSET,
 ) -> Iterator[None]:
     """Scoped settings: inside the block, the given values apply to every multiattn call
     in this thread or asyncio task (``with settings(attention_memory_budget="64MiB",
@@ -339,6 +349,14 @@ def settings(
             ``jax.vjp``) works, forward mode (``jax.jvp``, ``jax.jacfwd``,
             ``jax.hessian``) does not, so set ``"autodiff"`` for those.
 
+        autotune: whether the kernel and decoding choices that no setting forces are
+            timed on the running machine (True: the first call of each shape class times
+            its candidates and later calls take the faster, `multiattn.tuning`) or take
+            their documented defaults (False). None (the default) means the process-wide
+            value: the environment variable ``MULTIATTN_AUTOTUNE`` (``1``/``0``, read
+            once), else False. Decisions already made in the process (timed, or read by
+            `multiattn.tuning.load_decisions`) are used either way.
+
     Values are read when a function is traced: under ``jax.jit`` and ``tf.function`` the
     values in force at tracing time are compiled in.
     """
@@ -358,6 +376,7 @@ def settings(
         "compiled_loop": compiled_loop,
         "ynn_fusions": ynn_fusions,
         "decode_rows_apart": decode_rows_apart,
+        "autotune": autotune,
     }
     for name, value in flags.items():
         if value is not _UNSET:
@@ -524,6 +543,16 @@ def get_decode_rows_apart() -> bool | None:
     ``generate``'s compiled loops step their rows one by one), or None where none is set:
     measured (`multiattn.tuning.decode_loops`)."""
     return _scoped.get().get("decode_rows_apart")
+
+
+def get_autotune() -> bool:
+    """Whether choices that no setting forces are timed on the running machine: the
+    innermost `settings` value of ``autotune``, else ``MULTIATTN_AUTOTUNE``, else False
+    (every choice takes its documented default)."""
+    value = _scoped.get().get("autotune")
+    if value is None:
+        value = _read_environment()["autotune"]
+    return bool(value)
 
 
 def process_cores() -> int:

@@ -83,8 +83,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
+import pathlib
 import platform
 import statistics
 import sys
@@ -96,12 +98,14 @@ from typing import Any
 
 import numpy as np
 
+from . import config
 from ._checks import _static_dim
 
 __all__ = [
     "ATTENTION_FLOP_CAP",
     "CHUNK_MIN_BYTES",
     "DECODE_APART_MAX_ROWS",
+    "DECODE_DEFAULT_LOOPS",
     "DECODE_MIN_WEIGHT_BYTES",
     "FLOP_CAP",
     "ISA_FLAGS",
@@ -122,10 +126,13 @@ __all__ = [
     "decode_loops",
     "describe_decision",
     "describe_decisions",
+    "device_of",
     "fused_attention_pays",
     "fused_projections_pay",
+    "load_decisions",
     "parse_cpuinfo",
     "reset",
+    "save_decisions",
     "torch_is_tracing",
     "ynn_fusions_pay",
 ]
@@ -180,6 +187,10 @@ ISA_FLAGS = (
     "sve2",
 )
 
+#: Why a choice took its default: timing was not asked for (`multiattn.config.settings`
+#: ``autotune``).
+UNTUNED = "autotune off"
+
 _clock = time.perf_counter
 _LOCK = threading.RLock()
 _DECISIONS: dict[tuple, Decision] = {}
@@ -191,8 +202,9 @@ class Decision:
     """One kernel choice for one shape class.
 
     ``how`` is ``"measured"`` (``median_ms`` holds each candidate's median, ``timed`` the
-    inputs it was timed on) or ``"fallback"`` (nothing could be timed, ``reason`` says
-    why; a later call that can time still measures).
+    inputs it was timed on), ``"default"`` (timing was not asked for: `UNTUNED`) or
+    ``"fallback"`` (nothing could be timed, ``reason`` says why); after the last two, a
+    later call that times still measures.
     """
 
     op: str
@@ -224,7 +236,7 @@ def describe_decision(decision: Mapping[str, Any]) -> str:
     out=512 ...: onednn (onednn 0.91 ms, blas 1.32 ms)``."""
     cls = " ".join(f"{k}={v}" for k, v in decision["shape_class"].items())
     head = f"{decision['op']} {cls}: {decision['choice']}"
-    if decision["how"] != "measured":
+    if decision["how"] not in ("measured", "loaded"):
         return f"{head} ({decision['how']}: {decision['reason']})"
     times = ", ".join(f"{k} {v:.3g} ms" for k, v in decision["median_ms"].items())
     return f"{head} (median {times}; timed on {decision['timed']})"
@@ -283,10 +295,12 @@ def decide(
     found = _DECISIONS.get(key)
     if found is not None:
         return found.choice
-    if not measurable:
+    untuned = not config.get_autotune()
+    if untuned or not measurable:
+        how, why = ("default", UNTUNED) if untuned else ("fallback", reason)
         with _LOCK:
             if key not in _DECISIONS and key not in _FALLBACKS:
-                _FALLBACKS[key] = Decision(op, key[1], fallback, "fallback", reason=reason)
+                _FALLBACKS[key] = Decision(op, key[1], fallback, how, reason=why)
         return fallback
     with _LOCK if hold_lock else contextlib.nullcontext():
         found = _DECISIONS.get(key)
@@ -372,6 +386,61 @@ def decisions() -> list[dict[str, Any]]:
 def describe_decisions() -> list[str]:
     """`decisions` as one line each (`describe_decision`)."""
     return [describe_decision(d) for d in decisions()]
+
+
+def save_decisions(path: str | os.PathLike) -> int:
+    """Write this process's measured decisions to a JSON file (`load_decisions` reads it
+    back), with the CPU they were measured on (`cpu_info`'s ``model``, ``isa`` and
+    ``cores``); returns how many were written. ``multiattn tune`` makes such a file."""
+    with _LOCK:
+        found = [d.as_dict() for d in _DECISIONS.values()]
+    cpu = {k: v for k, v in cpu_info().items() if k in _CPU_KEYS}
+    text = json.dumps({"format": _FILE_FORMAT, "cpu": cpu, "decisions": found}, indent=1)
+    pathlib.Path(path).write_text(text + "\n")
+    return len(found)
+
+
+def load_decisions(path: str | os.PathLike, *, any_cpu: bool = False) -> int:
+    """Take the decisions of a file of `save_decisions` as this process's own: every
+    call of their shape classes takes the choice they record, with or without
+    ``settings(autotune=True)``. Returns how many were loaded.
+
+    Raises ``ValueError`` where the file is not such a file, or where it was measured on
+    another CPU (another model, instruction sets or core count than `cpu_info` reads
+    here) unless ``any_cpu``: a choice timed on one CPU can lose on another."""
+    try:
+        data = json.loads(pathlib.Path(path).read_text())
+        ok = data.get("format") == _FILE_FORMAT and isinstance(data["decisions"], list)
+    except (OSError, ValueError, AttributeError, KeyError, TypeError) as err:
+        raise ValueError(f"load_decisions: cannot read {str(path)!r}: {err}") from err
+    if not ok:
+        raise ValueError(f"load_decisions: {str(path)!r} is not a file of save_decisions.")
+    here = {k: v for k, v in cpu_info().items() if k in _CPU_KEYS}
+    if not any_cpu and data.get("cpu") != here:
+        raise ValueError(
+            f"load_decisions: {str(path)!r} was measured on {data.get('cpu')!r}, not on "
+            f"this CPU ({here!r}); pass any_cpu=True to take its choices anyway."
+        )
+    loaded = [_decision_of(d) for d in data["decisions"]]
+    with _LOCK:
+        for d in loaded:
+            _DECISIONS[(d.op, d.shape_class)] = d
+            _FALLBACKS.pop((d.op, d.shape_class), None)
+    return len(loaded)
+
+
+def _decision_of(d: Mapping[str, Any]) -> Decision:
+    """A `Decision` from its `Decision.as_dict` read back from JSON (lists as tuples)."""
+
+    def frozen(v: Any) -> Any:
+        return tuple(frozen(x) for x in v) if isinstance(v, list) else v
+
+    cls = tuple((k, frozen(v)) for k, v in d["shape_class"].items())
+    return Decision(d["op"], cls, d["choice"], "loaded", dict(d["median_ms"]), d["timed"])
+
+
+_FILE_FORMAT = "multiattn-decisions-1"
+_CPU_KEYS = ("model", "isa", "cores")
 
 
 def reset() -> None:
@@ -467,7 +536,7 @@ def _random_tensors(ops: Any, shapes: Sequence[tuple | None], dtype: str, like: 
     `_eager`."""
     rng = np.random.default_rng(0)
     np_dtype = "float64" if dtype == "float64" else "float32"
-    elsewhere = ops.backend == "torch" and _device(ops.backend, like) not in ("cpu", None)
+    elsewhere = ops.backend == "torch" and device_of(ops.backend, like) not in ("cpu", None)
 
     def one(shape: tuple) -> Any:
         t = ops.cast(ops.convert_to_tensor(rng.standard_normal(shape).astype(np_dtype)), dtype)
@@ -491,7 +560,7 @@ def _attention_class(
     dv = _static(value.shape[-1])
     cls = {
         "backend": backend,
-        "device": _device(backend, query),
+        "device": device_of(backend, query),
         "dtype": ops.dtype_name(query),
         "queries": None if tq is None else bucket(tq),
         "keys": None if tk is None else bucket(tk),
@@ -921,7 +990,7 @@ def fused_projections_pay(
     products.
     """
     backend, dtype = ops.backend, ops.dtype_name(x)
-    device = _device(backend, x)
+    device = device_of(backend, x)
     dims = [_static(d) for d in x.shape]
     widths = tuple(math.prod(_static(d) or 0 for d in k.shape[1:]) for k in kernels)
     rows = None if None in dims else math.prod(dims[:-1])
@@ -1047,7 +1116,9 @@ def _static(n: Any) -> int | None:
     return _static_dim(n)  # None for a symbolic size (JAX shape polymorphism, graphs)
 
 
-def _device(backend: str, x: Any) -> str | None:
+def device_of(backend: str | None, x: Any = None) -> str | None:
+    """The device a backend computes on: ``x``'s on torch (``"cpu"``, ``"cuda"``,
+    ...), jax's default backend, ``"gpu"`` where TensorFlow sees one, else ``"cpu"``."""
     if backend == "torch":
         return getattr(getattr(x, "device", None), "type", None)
     if backend == "jax":
@@ -1112,7 +1183,8 @@ class _Compilation:
     def of(cls, ops: Any, x: Any) -> _Compilation:
         """Read at the decision point, inside the caller's trace."""
         traced = bool(ops.is_symbolic(x))
-        return cls(traced, ops.backend == "jax" or (traced and _tf_in_xla()))
+        in_xla = traced and ops.backend == "tensorflow" and _tf_in_xla()
+        return cls(traced, ops.backend == "jax" or in_xla)
 
     def passes(self, flops: int) -> int:
         """Passes of a candidate of ``flops`` per timed call: traced, as many as reach
@@ -1198,6 +1270,9 @@ def _sync(backend: str, device: str | None) -> Callable[[Any], Any] | None:
 #: per core, untimed: timing compiles the decoding loop again and runs it 14 times or
 #: more, seconds that a small model's ``generate`` would not win back.
 DECODE_MIN_WEIGHT_BYTES = 4 << 20
+#: How many loops greedy decoding runs side by side (at most one per row) where nothing
+#: forces a count and autotune is off (`decode_loops`).
+DECODE_DEFAULT_LOOPS = 1
 #: The most rows a decoding loop steps one by one (`decode_loops`' ``apart`` candidate):
 #: the compiled loop holds a copy of the model's step per row, and its compilation grows
 #: with them (2 to 3.5 s for four rows together, 5.5 to 9 s for four apart, tensorflow).
@@ -1227,8 +1302,6 @@ def ynn_fusions_pay(
     ``without_ynn`` raises and XLA's default is taken. ``settings(ynn_fusions=...)`` forces
     one; models under `DECODE_MIN_WEIGHT_BYTES` keep XLA's default untimed. XLA's default
     is kept unless the other loop is faster by more than `MARGIN`."""
-    from . import config
-
     forced = config.get_ynn_fusions()
     if forced is not None:
         return forced
@@ -1290,10 +1363,12 @@ def decode_loops(
     unless another is faster by more than `MARGIN`. The candidates start threads that
     make decisions of their own, so they are timed without the decisions' lock
     (`decide`'s ``hold_lock``)."""
-    from . import config
-
     forced, apart = config.get_decode_threads(), config.get_decode_rows_apart()
+    if shape_class.get("device", "cpu") != "cpu":
+        return min(forced or 1, batch), bool(apart)  # loops side by side share CPU cores
     cores = config.process_cores()
+    if forced is None and not apart and not config.get_autotune():
+        return min(DECODE_DEFAULT_LOOPS, batch), False
     if forced is not None or batch <= cores or apart:
         return min(forced or cores, batch), bool(apart)
     # the weights' exact bytes: two architectures of one class and size (GPT-2 and Llama

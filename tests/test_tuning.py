@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from multiattn import tuning
+from multiattn import config, tuning
 
 X86 = """\
 processor\t: 0
@@ -39,9 +39,80 @@ CPU implementer\t: 0x41
 
 @pytest.fixture(autouse=True)
 def fresh():
+    """No decisions before or after; timing switched on (the machinery under test), except
+    where a test switches it off."""
     tuning.reset()
-    yield
+    with config.settings(autotune=True):
+        yield
     tuning.reset()
+
+
+def _never_timed():
+    pytest.fail("a candidate was built: timing was not asked for")
+
+
+def test_untuned_choices_take_their_default_and_time_nothing():
+    with config.settings(autotune=False):
+        assert tuning.decide("op", {"n": 1}, _never_timed, fallback="a") == "a"
+    (made,) = tuning.decisions()
+    assert (made["how"], made["choice"], made["reason"]) == ("default", "a", tuning.UNTUNED)
+    assert "autotune off" in tuning.describe_decision(made)
+    # asked for later: the class is timed then
+    got = tuning.decide("op", {"n": 1}, lambda: ({"b": lambda: 0}, ""), fallback="a")
+    assert got == "b" and [d["how"] for d in tuning.decisions()] == ["measured"]
+
+
+def test_autotune_from_the_environment(monkeypatch):
+    monkeypatch.setenv(config.AUTOTUNE_ENV_VAR, "1")
+    config.reload_environment()
+    try:
+        with config.settings(autotune=None):
+            assert config.get_autotune() is True
+        with config.settings(autotune=False):
+            assert config.get_autotune() is False
+        monkeypatch.setenv(config.AUTOTUNE_ENV_VAR, "0")
+        config.reload_environment()
+        with config.settings(autotune=None):
+            assert config.get_autotune() is False
+        monkeypatch.setenv(config.AUTOTUNE_ENV_VAR, "maybe")
+        config.reload_environment()
+        with config.settings(autotune=None), pytest.raises(ValueError, match="MULTIATTN_AUTOTUNE"):
+            config.get_autotune()
+    finally:
+        monkeypatch.delenv(config.AUTOTUNE_ENV_VAR)
+        config.reload_environment()
+    with config.settings(autotune=None):
+        assert config.get_autotune() is False  # the default
+    with pytest.raises(TypeError, match="autotune"):
+        with config.settings(autotune="yes"):
+            pass
+
+
+def test_decisions_saved_and_loaded(tmp_path, monkeypatch):
+    cls = {"rows": 64, "out": (8, 8)}
+    tuning.decide("op", cls, lambda: ({"b": lambda: 0, "a": lambda: 0}, "sizes"), fallback="a")
+    (measured,) = tuning.decisions()
+    path = tmp_path / "tuning.json"
+    assert tuning.save_decisions(path) == 1
+    tuning.reset()
+    assert tuning.load_decisions(path) == 1
+    with config.settings(autotune=False):  # taken, untimed, with or without autotune
+        assert tuning.decide("op", cls, _never_timed, fallback="x") == measured["choice"]
+    (loaded,) = tuning.decisions()
+    assert loaded["how"] == "loaded" and loaded["shape_class"] == measured["shape_class"]
+    assert loaded["median_ms"] == measured["median_ms"]
+
+    other = dict(tuning.cpu_info(), model="another CPU")
+    monkeypatch.setattr(tuning, "cpu_info", lambda: other)
+    with pytest.raises(ValueError, match="another CPU"):
+        tuning.load_decisions(path)
+    assert tuning.load_decisions(path, any_cpu=True) == 1
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read"):
+        tuning.load_decisions(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text('{"decisions": []}')
+    with pytest.raises(ValueError, match="not a file of save_decisions"):
+        tuning.load_decisions(tmp_path / "other.json")
 
 
 def test_parse_cpuinfo_x86():
@@ -238,7 +309,8 @@ def test_concurrent_first_calls_time_once(monkeypatch):
 
     def call():
         start.wait()
-        results.append(tuning.decide("op", {"n": 1}, candidates, fallback="a"))
+        with config.settings(autotune=True):  # a thread's settings are its own
+            results.append(tuning.decide("op", {"n": 1}, candidates, fallback="a"))
 
     threads = [threading.Thread(target=call) for _ in range(8)]
     for t in threads:
@@ -312,8 +384,6 @@ def test_decode_loops_times_rows_together_apart_and_one_loop_per_row(
     loop per row, timed by the caller's own decoding (whose threads make decisions of
     their own while it is timed); one loop per core with the rows together keeps the
     class within `MARGIN`."""
-    from multiattn import config
-
     clock, made = FakeClock(), []
     monkeypatch.setattr(tuning, "_clock", clock)
     monkeypatch.setattr(config, "process_cores", lambda: 2)
@@ -348,9 +418,34 @@ def test_decode_loops_offers_rows_apart_only_up_to_its_rows_and_unforced(monkeyp
     assert timed == [{"2", str(many)}, {"2", "8"}]
 
 
-def test_decode_loops_untimed_where_set_few_rows_or_small_weights(monkeypatch):
-    from multiattn import config
+def test_decode_loops_untuned_and_on_an_accelerator(monkeypatch):
+    """Autotune off: `DECODE_DEFAULT_LOOPS` loops with the rows together, unless a setting
+    forces a count or the rows apart; off a CPU one loop, tuned or not."""
 
+    def untimed(count, apart):
+        pytest.fail("nothing is timed here")
+
+    def unasked():
+        pytest.fail("the weights' bytes are asked for only where the loops may be timed")
+
+    monkeypatch.setattr(config, "process_cores", lambda: 2)
+    default = (min(tuning.DECODE_DEFAULT_LOOPS, 8), False)
+    with config.settings(autotune=False):
+        assert tuning.decode_loops(untimed, 8, {}, unasked) == default
+        assert tuning.decode_loops(untimed, 8, {"device": "cpu"}, unasked) == default
+        assert tuning.decode_loops(untimed, 1, {}, unasked) == (1, False)
+        with config.settings(decode_threads=4):
+            assert tuning.decode_loops(untimed, 8, {}, unasked) == (4, False)
+        with config.settings(decode_rows_apart=True):
+            assert tuning.decode_loops(untimed, 8, {}, unasked) == (2, True)
+    for device in ("gpu", "cuda", "tpu"):
+        assert tuning.decode_loops(untimed, 8, {"device": device}, unasked) == (1, False)
+        with config.settings(decode_threads=2):
+            assert tuning.decode_loops(untimed, 8, {"device": device}, unasked) == (2, False)
+    assert tuning.decisions() == []
+
+
+def test_decode_loops_untimed_where_set_few_rows_or_small_weights(monkeypatch):
     def untimed(count, apart):
         pytest.fail("nothing is timed here")
 

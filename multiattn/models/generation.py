@@ -506,6 +506,7 @@ class GenerationMixin:
         cls = {
             "model": type(self).__name__,
             "backend": self._backend(),
+            "device": tuning.device_of(self._backend()),
             "rows": ids.shape[0],
             "prompt": tuning.bucket(ids.shape[1]),
             "new": tuning.bucket(new),
