@@ -28,6 +28,9 @@ from multiattn.ops import attention as core
 from multiattn.ops import explicit_grad
 from multiattn.ops.masking import softmax_lse, softmax_where
 
+# the timing of choices is what these tests exercise
+pytestmark = pytest.mark.usefixtures("autotuned")
+
 RNG = np.random.default_rng(23)
 MAPS = keras_namespace().maps_batch
 B, H, TQ, TK, D = 4, 4, 9, 7, 8

@@ -23,6 +23,9 @@ from multiattn import config, ops, tuning
 from multiattn import reference as ref
 from multiattn._namespace import keras_namespace
 
+# the timing of choices is what these tests exercise
+pytestmark = pytest.mark.usefixtures("autotuned")
+
 RNG = np.random.default_rng(11)
 # jax's and tensorflow's namespaces map batches; the others run in one piece whatever
 # the setting

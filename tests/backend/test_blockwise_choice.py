@@ -12,6 +12,9 @@ from multiattn import config, ops, tuning
 from multiattn import reference as ref
 from multiattn.ops import blockwise_grad, plan
 
+# the timing of choices is what these tests exercise
+pytestmark = pytest.mark.usefixtures("autotuned")
+
 RNG = np.random.default_rng(41)
 B, H, TQ, TK, D = 2, 3, 9, 7, 8
 CASES = attention_cases(RNG, B, H, TQ, TK, [7, 3])

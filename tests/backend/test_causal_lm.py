@@ -581,7 +581,7 @@ def test_decode_threads_setting_checks_its_value_and_is_unset_by_default():
             pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert config.process_cores() == max(1, cores)
-    assert config.get_decode_threads() is None  # measured (`tuning.decode_loops`)
+    assert config.get_decode_threads() is None  # `tuning.decode_loops` chooses
     with config.settings(decode_threads=3):
         assert config.get_decode_threads() == 3
         with config.settings(decode_threads=None):
@@ -659,7 +659,9 @@ def test_more_loops_than_cores_share_out_each_prompt_groups_rows(tmp_path, monke
         assert (got[2, 7:] == 3).all()
 
 
-def test_more_rows_than_cores_time_one_loop_per_core_against_one_per_row(tmp_path, monkeypatch):
+def test_more_rows_than_cores_time_one_loop_per_core_against_one_per_row(
+    tmp_path, monkeypatch, autotuned
+):
     """Unset, ``decode_threads`` with more rows than cores (one core here) times one loop
     per core with the rows together, the same with the rows apart and one loop per row on
     the call's own decoding after its prompt pass, made once, once per shape class (the
@@ -737,7 +739,7 @@ def test_decode_rows_apart_setting_checks_its_value_and_is_unset_by_default():
     with pytest.raises(TypeError, match=r"decode_rows_apart.*received 'yes'"):
         with config.settings(decode_rows_apart="yes"):
             pass
-    assert config.get_decode_rows_apart() is None  # measured (`tuning.decode_loops`)
+    assert config.get_decode_rows_apart() is None  # `tuning.decode_loops` chooses
     with config.settings(decode_rows_apart=True):
         assert config.get_decode_rows_apart() is True
         with config.settings(decode_rows_apart=None):
@@ -816,7 +818,7 @@ def test_keras_serialization_round_trip(tmp_path, case):
 @pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
 @pytest.mark.parametrize("ynn", [True, False, None], ids=["with-ynn", "without-ynn", "measured"])
 def test_the_decoding_loop_with_or_without_ynn_fusions_gives_the_same_tokens(
-    tmp_path, monkeypatch, ynn, threads
+    tmp_path, monkeypatch, ynn, threads, autotuned
 ):
     """jax: greedy generate's compiled loop with XLA:CPU's YNNPACK fusions (XLA's default,
     ``settings(ynn_fusions=True)``) or without (``False``) gives the tokens of the Python
@@ -851,7 +853,7 @@ def test_the_decoding_loop_with_or_without_ynn_fusions_gives_the_same_tokens(
     assert rows == ((2, 1) if threads == 1 else (1, 2))
 
 
-def test_a_small_model_keeps_xla_default_untimed_and_the_option_exists(tmp_path):
+def test_a_small_model_keeps_xla_default_untimed_and_the_option_exists(tmp_path, autotuned):
     """Under `DECODE_MIN_WEIGHT_BYTES` of weights the loop keeps XLA's default and times
     nothing (a fallback decision says why); the compiler option that turns the YNNPACK
     fusions off is one this jax knows (an unknown option fails to compile), and the

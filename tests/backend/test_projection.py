@@ -42,7 +42,8 @@ def _case(contract: int, with_bias: bool, rows: str = "many"):
 def onednn(request):
     if request.param != "n/a":
         config.set_torch_onednn(request.param)
-    yield request.param
+    with config.settings(autotune=request.param is None):  # None: measured
+        yield request.param
     config.set_torch_onednn(None)
 
 

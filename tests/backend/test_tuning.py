@@ -16,6 +16,9 @@ from _support import BACKEND, assert_close, cast, to_np
 from multiattn import config, tuning
 from multiattn._namespace import get_ops
 
+# the timing of choices is what these tests exercise
+pytestmark = pytest.mark.usefixtures("autotuned")
+
 RNG = np.random.default_rng(11)
 torch_only = pytest.mark.skipif(BACKEND != "torch", reason="the projection choice is PyTorch's")
 

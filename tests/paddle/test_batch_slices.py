@@ -23,6 +23,9 @@ from test_adapter import HIDDEN, LENS, OUT_TOL, heads_of, inputs, make, oracle, 
 from multiattn import config, ops, tuning
 from multiattn import reference as ref
 
+# the timing of choices is what these tests exercise
+pytestmark = pytest.mark.usefixtures("autotuned")
+
 RNG = np.random.default_rng(17)
 SIDE_BY_SIDE = _paddle_ops.cpu_threads() >= 2
 
