@@ -18,8 +18,7 @@ memory and kernels everywhere:
 The others choose kernels that are otherwise measured (``fused_attention``,
 ``blockwise_attention``, ``fused_projections``, ``attention_chunks``,
 ``attention_backward``) and how ``generate``
-runs (``torch_traced_step``, ``compiled_loop``, ``decode_threads``,
-``decode_rows_apart``, ``ynn_fusions``).
+runs (``torch_traced_step``, ``compiled_loop``, ``decode_threads``, ``ynn_fusions``).
 
 A value is looked up, in order of precedence:
 
@@ -75,7 +74,6 @@ __all__ = [
     "get_block_size",
     "get_blockwise_attention",
     "get_compiled_loop",
-    "get_decode_rows_apart",
     "get_decode_threads",
     "get_fused_attention",
     "get_fused_projections",
@@ -226,7 +224,6 @@ def settings(
     fused_projections: bool | None = _UNSET,
     compiled_loop: bool | None = _UNSET,
     decode_threads: int | None = _UNSET,
-    decode_rows_apart: bool | None = _UNSET,
     attention_chunks: int | None = _UNSET,
     attention_backward: str | None = _UNSET,
     blockwise_attention: bool | None = _UNSET,
@@ -285,26 +282,15 @@ def settings(
             compiled loop (jax, TensorFlow); XLA runs them on the machine's cores. The
             prompt passes run in at most one group per core (``process_cores``), and
             each prompt group's rows are shared out among its part of the loops. None
-            (the default): one loop per core this process may run on
-            (`process_cores`), at most one per row; where the batch has more rows than
-            that, one loop per core, one per core stepping its rows one by one
-            (``decode_rows_apart``) or one per row (each a matrix-vector loop over one
-            row), whichever is measured faster on the running machine, once per shape
-            class, for models of at least `multiattn.tuning.DECODE_MIN_WEIGHT_BYTES`
-            of weights (`multiattn.tuning.decode_loops`). 1 decodes the batch in one
-            piece. A positive int: that many loops, at most one per row. Rows are
-            independent, so the tokens are those of each group decoded alone (a row
-            whose group stopped early is filled with ``pad_token_id``, as the unsplit
-            batch does after its end). Read at each ``generate`` call.
-        decode_rows_apart: where greedy ``generate`` runs its compiled loop (jax,
-            TensorFlow), whether each loop steps its rows one by one (True: each dense
-            product a matrix-vector product, the loop's program a copy of the model's
-            step per row; one loop per core unless ``decode_threads`` is set) or
-            together (False). None (the default): where the batch has more rows than
-            cores and a loop would have at most `multiattn.tuning.DECODE_APART_MAX_ROWS`,
-            measured against the loops with the rows together
-            (`multiattn.tuning.decode_loops`). The tokens are the same either way. Read
-            at each ``generate`` call.
+            (the default): `multiattn.tuning.DECODE_DEFAULT_LOOPS` (one) on a CPU and
+            one on an accelerator; with ``autotune``, on a CPU, one loop per core
+            (`process_cores`, at most one per row) or, where the batch has more rows
+            than that, one per core or one per row, whichever is measured faster
+            (`multiattn.tuning.decode_loops`). A positive int: that many loops, at most
+            one per row. Rows are independent, so the tokens are those of each group
+            decoded alone (a row whose group stopped early is filled with
+            ``pad_token_id``, as the unsplit batch does after its end). Read at each
+            ``generate`` call.
         ynn_fusions: on jax's CPU backend, whether the compiled loop of greedy
             ``generate`` lets XLA hand its dense products to the YNNPACK library (True:
             XLA's default) or keeps them in XLA's own code (False: the compiler option
@@ -375,7 +361,6 @@ def settings(
         "fused_projections": fused_projections,
         "compiled_loop": compiled_loop,
         "ynn_fusions": ynn_fusions,
-        "decode_rows_apart": decode_rows_apart,
         "autotune": autotune,
     }
     for name, value in flags.items():
@@ -536,13 +521,6 @@ def get_decode_threads() -> int | None:
     None where none is set: one loop per core or one per row, as measured
     (`multiattn.tuning.decode_loops`)."""
     return _scoped.get().get("decode_threads")
-
-
-def get_decode_rows_apart() -> bool | None:
-    """The innermost `settings` value of ``decode_rows_apart`` (whether greedy
-    ``generate``'s compiled loops step their rows one by one), or None where none is set:
-    measured (`multiattn.tuning.decode_loops`)."""
-    return _scoped.get().get("decode_rows_apart")
 
 
 def get_autotune() -> bool:

@@ -104,7 +104,6 @@ from ._checks import _static_dim
 __all__ = [
     "ATTENTION_FLOP_CAP",
     "CHUNK_MIN_BYTES",
-    "DECODE_APART_MAX_ROWS",
     "DECODE_DEFAULT_LOOPS",
     "DECODE_MIN_WEIGHT_BYTES",
     "FLOP_CAP",
@@ -1273,10 +1272,6 @@ DECODE_MIN_WEIGHT_BYTES = 4 << 20
 #: How many loops greedy decoding runs side by side (at most one per row) where nothing
 #: forces a count and autotune is off (`decode_loops`).
 DECODE_DEFAULT_LOOPS = 1
-#: The most rows a decoding loop steps one by one (`decode_loops`' ``apart`` candidate):
-#: the compiled loop holds a copy of the model's step per row, and its compilation grows
-#: with them (2 to 3.5 s for four rows together, 5.5 to 9 s for four apart, tensorflow).
-DECODE_APART_MAX_ROWS = 8
 #: The XLA:CPU compiler option (of one ``jax.jit`` function) that makes no YNNPACK fusions.
 NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
@@ -1328,64 +1323,45 @@ def _raise(err: Exception) -> None:
 
 
 def decode_loops(
-    run: Callable[[int, bool], Any],
+    run: Callable[[int], Any],
     batch: int,
     shape_class: Mapping[str, Any],
     weight_bytes: Callable[[], int],
-) -> tuple[int, bool]:
+) -> int:
     """How many compiled loops greedy decoding (jax, TensorFlow) runs side by side, each
-    in a thread of its own over a group of rows, and whether each loop steps its rows
-    one by one (``apart``): ``settings(decode_threads=n)`` if set (at most one per row);
-    else one per core this process may run on (`multiattn.config.process_cores`) where
-    the batch has no more rows than that; else one per core with the rows together, one
-    per core with the rows apart (where a loop has at most `DECODE_APART_MAX_ROWS` rows)
-    or one per row, timed once per shape class (the caller's fields, the cores and the
-    weights' bytes, ``weight_bytes()``, asked for only here) by ``run(count, apart)``:
-    the caller's own tokens after the prompt. ``settings(decode_rows_apart=...)``
-    forces the rows apart (one loop per core, untimed, unless ``decode_threads`` gives
-    the count) or together.
-
-    A loop over several rows multiplies their activations by each weight in a small
-    matrix product, a loop over one row in a matrix-vector product, which XLA:CPU
-    compiles differently: on a 2-core AMD EPYC (AVX2), GPT-2 and Llama shapes at
-    batch 8, eight one-row loops took 10% to 46% less time per token than two loops of
-    four, but each loop adds a fixed cost per call that a short generation does not win
-    back. Two loops stepping their four rows apart make the same matrix-vector products
-    without the six extra calls and threads: 4% to 18% faster than eight loops in the
-    same processes on tensorflow and 8% on jax GPT-2 512, 8% slower on jax Llama 512;
-    their program holds a step per row (compiled in 5.5 to 9 s against 2 to 3.5 on
-    tensorflow). Hence the loops are timed whole, calls and threads included. The
-    prompt passes are left out: they run in one group per core in every candidate, so
-    they are made once and every candidate decodes from them (timed in each, their
-    400 ms at prompt 512 and batch 8 diluted a 15% difference in the loops under the
-    margin). Models under `DECODE_MIN_WEIGHT_BYTES`
-    keep one loop per core with the rows together, untimed; that candidate is kept
-    unless another is faster by more than `MARGIN`. The candidates start threads that
-    make decisions of their own, so they are timed without the decisions' lock
-    (`decide`'s ``hold_lock``)."""
-    forced, apart = config.get_decode_threads(), config.get_decode_rows_apart()
+    in a thread of its own over a group of rows: ``settings(decode_threads=n)`` if set (at
+    most one per row); else, off a CPU (``shape_class["device"]``), one; else, with
+    autotune off, `DECODE_DEFAULT_LOOPS`; else (``settings(autotune=True)``) one per core
+    this process may run on (`multiattn.config.process_cores`) where the batch has no
+    more rows than that, or one per core against one per row, timed once per shape class
+    (the caller's fields, the cores and the weights' bytes, ``weight_bytes()``, asked for
+    only here) by ``run(count)``: the caller's own tokens after its prompt passes, calls
+    and threads included. One loop reads every weight once per step for all its rows;
+    loops side by side read them once each, which pays only where a step is bound by
+    something else than memory traffic (small models; docs/decoding.md has the paired
+    runs). Models under `DECODE_MIN_WEIGHT_BYTES` keep one loop per core untimed; one
+    loop per core is kept unless one per row is faster by more than `MARGIN`. The
+    candidates start threads that make decisions of their own, so they are timed without
+    the decisions' lock (`decide`'s ``hold_lock``)."""
+    forced = config.get_decode_threads()
     if shape_class.get("device", "cpu") != "cpu":
-        return min(forced or 1, batch), bool(apart)  # loops side by side share CPU cores
+        return min(forced or 1, batch)  # loops side by side share a CPU's cores
     cores = config.process_cores()
-    if forced is None and not apart and not config.get_autotune():
-        return min(DECODE_DEFAULT_LOOPS, batch), False
-    if forced is not None or batch <= cores or apart:
-        return min(forced or cores, batch), bool(apart)
+    if forced is None and not config.get_autotune():
+        return min(DECODE_DEFAULT_LOOPS, batch)
+    if forced is not None or batch <= cores:
+        return min(forced or cores, batch)
     # the weights' exact bytes: two architectures of one class and size (GPT-2 and Llama
     # shapes, both `CausalLM`) differ in where a step's time goes
     size = weight_bytes()
-    offered = apart is None and -(-batch // cores) <= DECODE_APART_MAX_ROWS
-    cls = {**shape_class, "cores": cores, "weights": size, "apart": offered}
+    cls = {**shape_class, "cores": cores, "weights": size}
     reason = f"weights under {DECODE_MIN_WEIGHT_BYTES >> 20} MiB: one loop per core, untimed"
 
     def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
-        fns = {str(n): functools.partial(run, n, False) for n in (cores, batch)}
-        if offered:
-            fns[f"{cores} apart"] = functools.partial(run, cores, True)
+        fns = {str(n): functools.partial(run, n) for n in (cores, batch)}
         return fns, "the call's own new tokens, after its prompt passes"
 
     choice = decide("decode-loops", cls, candidates, fallback=str(cores),
                     measurable=size >= DECODE_MIN_WEIGHT_BYTES, reason=reason,
                     margin=MARGIN, hold_lock=False)  # fmt: skip
-    count, *how = choice.split()
-    return int(count), bool(how)
+    return int(choice)

@@ -348,12 +348,11 @@ def test_attention_backward_margin_protects_autodiff_except_on_tensorflow(
 
 
 def _decoding(clock: FakeClock, costs: dict[str, float], made: list):
-    """A fake ``run(count, apart)`` of `tuning.decode_loops`: costs ``costs["count"]``
-    (``"count apart"`` with the rows apart) on the fake clock, and makes a decision of its
-    own in a thread of its own, as a real decoding's loops do (their traces decide other
-    choices)."""
+    """A fake ``run(count)`` of `tuning.decode_loops`: costs ``costs[str(count)]`` on the
+    fake clock, and makes a decision of its own in a thread of its own, as a real
+    decoding's loops do (their traces decide other choices)."""
 
-    def run(count: int, apart: bool) -> int:
+    def run(count: int) -> int:
         def inner():
             made.append(tuning.decide("inner", {"n": count}, lambda: ({"x": lambda: 0}, ""),
                                       fallback="x"))  # fmt: skip
@@ -362,7 +361,7 @@ def _decoding(clock: FakeClock, costs: dict[str, float], made: list):
         thread.start()
         thread.join(timeout=30)
         assert not thread.is_alive(), "a decision inside a timed candidate waited for a lock"
-        clock.now += costs[f"{count} apart" if apart else str(count)]
+        clock.now += costs[str(count)]
         return count
 
     return run
@@ -372,98 +371,62 @@ def _big() -> int:
     return tuning.DECODE_MIN_WEIGHT_BYTES
 
 
-@pytest.mark.parametrize(
-    ("per_row", "apart", "choice"),
-    [(0.5, 0.6, (8, False)), (0.6, 0.5, (2, True)), (0.97, 0.98, (2, False)),
-     (1.2, 1.1, (2, False))],
-)  # fmt: skip
-def test_decode_loops_times_rows_together_apart_and_one_loop_per_row(
-    monkeypatch, per_row, apart, choice
-):
-    """More rows than cores: one loop per core with the rows together or apart, or one
-    loop per row, timed by the caller's own decoding (whose threads make decisions of
-    their own while it is timed); one loop per core with the rows together keeps the
-    class within `MARGIN`."""
+@pytest.mark.parametrize(("per_row", "choice"), [(0.5, 8), (0.97, 2), (1.2, 2)])
+def test_decode_loops_times_one_loop_per_core_against_one_per_row(monkeypatch, per_row, choice):
+    """Autotune on, more rows than cores: one loop per core or one per row, timed by the
+    caller's own decoding (whose threads make decisions of their own while it is timed);
+    one per core keeps the class within `MARGIN`."""
     clock, made = FakeClock(), []
     monkeypatch.setattr(tuning, "_clock", clock)
     monkeypatch.setattr(config, "process_cores", lambda: 2)
-    run = _decoding(clock, {"2": 1.0, "8": per_row, "2 apart": apart}, made)
+    run = _decoding(clock, {"2": 1.0, "8": per_row}, made)
     cls = {"model": "m", "rows": 8}
 
     assert tuning.decode_loops(run, 8, cls, _big) == choice
     assert made and set(made) == {"x"}
     loops = [d for d in tuning.decisions() if d["op"] == "decode-loops"]
     assert len(loops) == 1 and loops[0]["how"] == "measured"
-    assert set(loops[0]["median_ms"]) == {"2", "8", "2 apart"}
+    assert set(loops[0]["median_ms"]) == {"2", "8"}
     assert loops[0]["shape_class"]["cores"] == 2
     # kept: the next call of the class times nothing
     assert tuning.decode_loops(lambda *a: pytest.fail("timed again"), 8, cls, _big) == choice
 
 
-def test_decode_loops_offers_rows_apart_only_up_to_its_rows_and_unforced(monkeypatch):
-    """A loop of more than `DECODE_APART_MAX_ROWS` rows keeps them together; under
-    ``settings(decode_rows_apart=False)`` the rows apart are not a candidate."""
-    from multiattn import config
+def _untimed(count):
+    pytest.fail("nothing is timed here")
 
-    clock, made = FakeClock(), []
-    monkeypatch.setattr(tuning, "_clock", clock)
-    monkeypatch.setattr(config, "process_cores", lambda: 2)
-    many = 2 * tuning.DECODE_APART_MAX_ROWS + 1  # 9 rows in one of two loops
-    run = _decoding(clock, {"2": 1.0, str(many): 2.0}, made)
-    assert tuning.decode_loops(run, many, {"rows": many}, _big) == (2, False)
-    run = _decoding(clock, {"2": 1.0, "8": 2.0}, made)
-    with config.settings(decode_rows_apart=False):
-        assert tuning.decode_loops(run, 8, {"rows": 8}, _big) == (2, False)
-    timed = [set(d["median_ms"]) for d in tuning.decisions() if d["op"] == "decode-loops"]
-    assert timed == [{"2", str(many)}, {"2", "8"}]
+
+def _unasked():
+    pytest.fail("the weights' bytes are asked for only where the loops may be timed")
 
 
 def test_decode_loops_untuned_and_on_an_accelerator(monkeypatch):
-    """Autotune off: `DECODE_DEFAULT_LOOPS` loops with the rows together, unless a setting
-    forces a count or the rows apart; off a CPU one loop, tuned or not."""
-
-    def untimed(count, apart):
-        pytest.fail("nothing is timed here")
-
-    def unasked():
-        pytest.fail("the weights' bytes are asked for only where the loops may be timed")
-
+    """Autotune off: `DECODE_DEFAULT_LOOPS` loops, unless a setting forces a count; off a
+    CPU one loop, tuned or not."""
     monkeypatch.setattr(config, "process_cores", lambda: 2)
-    default = (min(tuning.DECODE_DEFAULT_LOOPS, 8), False)
+    default = min(tuning.DECODE_DEFAULT_LOOPS, 8)
     with config.settings(autotune=False):
-        assert tuning.decode_loops(untimed, 8, {}, unasked) == default
-        assert tuning.decode_loops(untimed, 8, {"device": "cpu"}, unasked) == default
-        assert tuning.decode_loops(untimed, 1, {}, unasked) == (1, False)
+        assert tuning.decode_loops(_untimed, 8, {}, _unasked) == default
+        assert tuning.decode_loops(_untimed, 8, {"device": "cpu"}, _unasked) == default
+        assert tuning.decode_loops(_untimed, 1, {}, _unasked) == 1
         with config.settings(decode_threads=4):
-            assert tuning.decode_loops(untimed, 8, {}, unasked) == (4, False)
-        with config.settings(decode_rows_apart=True):
-            assert tuning.decode_loops(untimed, 8, {}, unasked) == (2, True)
+            assert tuning.decode_loops(_untimed, 8, {}, _unasked) == 4
     for device in ("gpu", "cuda", "tpu"):
-        assert tuning.decode_loops(untimed, 8, {"device": device}, unasked) == (1, False)
+        assert tuning.decode_loops(_untimed, 8, {"device": device}, _unasked) == 1
         with config.settings(decode_threads=2):
-            assert tuning.decode_loops(untimed, 8, {"device": device}, unasked) == (2, False)
+            assert tuning.decode_loops(_untimed, 8, {"device": device}, _unasked) == 2
     assert tuning.decisions() == []
 
 
 def test_decode_loops_untimed_where_set_few_rows_or_small_weights(monkeypatch):
-    def untimed(count, apart):
-        pytest.fail("nothing is timed here")
-
-    def unasked():
-        pytest.fail("the weights' bytes are asked for only where the loops may be timed")
-
     monkeypatch.setattr(config, "process_cores", lambda: 2)
     with config.settings(decode_threads=3):
-        assert tuning.decode_loops(untimed, 8, {}, unasked) == (3, False)
-        assert tuning.decode_loops(untimed, 2, {}, unasked) == (2, False)  # one per row
-        with config.settings(decode_rows_apart=True):
-            assert tuning.decode_loops(untimed, 8, {}, unasked) == (3, True)
-    with config.settings(decode_rows_apart=True):  # one loop per core, rows apart
-        assert tuning.decode_loops(untimed, 8, {}, unasked) == (2, True)
-    assert tuning.decode_loops(untimed, 2, {}, unasked) == (2, False)  # rows <= cores
-    assert tuning.decode_loops(untimed, 1, {}, unasked) == (1, False)
+        assert tuning.decode_loops(_untimed, 8, {}, _unasked) == 3
+        assert tuning.decode_loops(_untimed, 2, {}, _unasked) == 2  # one per row
+    assert tuning.decode_loops(_untimed, 2, {}, _unasked) == 2  # rows <= cores
+    assert tuning.decode_loops(_untimed, 1, {}, _unasked) == 1
     small = lambda: tuning.DECODE_MIN_WEIGHT_BYTES - 1  # noqa: E731
-    assert tuning.decode_loops(untimed, 8, {}, small) == (2, False)
+    assert tuning.decode_loops(_untimed, 8, {}, small) == 2
     (small,) = tuning.decisions()
     assert (small["op"], small["how"], small["choice"]) == ("decode-loops", "fallback", "2")
     assert "MiB" in small["reason"]

@@ -432,13 +432,13 @@ class GenerationMixin:
             return self._decode_rows(ids, mask, new, options, eos, pad)
         made: dict[int, tuple] = {}
 
-        def decoded(count: int, apart: bool = False) -> np.ndarray:
+        def decoded(count: int) -> np.ndarray:
             groups = min(count, config.process_cores())
             if groups not in made:
                 made[groups] = self._prefills(ids, mask, new, groups)
-            return self._loops(made[groups], count, new, options, eos, pad, apart)
+            return self._loops(made[groups], count, new, options, eos, pad)
 
-        return decoded(*self._group_count(ids, new, decoded))
+        return decoded(self._group_count(ids, new, decoded))
 
     def _prefills(self, ids, mask, new, groups: int) -> tuple:
         """The prompt passes (`_begin`) of ``groups`` groups of rows (`_row_groups`), side
@@ -452,13 +452,10 @@ class GenerationMixin:
             ])  # fmt: skip
         return begun, all(_finite(state["caches"]) for _, state, _ in begun)
 
-    def _loops(
-        self, prefills: tuple, count: int, new, options, eos, pad, apart: bool = False
-    ) -> np.ndarray:
+    def _loops(self, prefills: tuple, count: int, new, options, eos, pad) -> np.ndarray:
         """The tokens after the prompt passes ``prefills`` (`_prefills`) in ``count``
         compiled loops side by side, each prompt group's rows shared out among its part
-        of them (`_row_groups`), with ``apart`` each loop stepping its rows one by one
-        (`_greedy`); each loop cuts its rows out of its group's state itself
+        of them (`_row_groups`); each loop cuts its rows out of its group's state itself
         (`_tokens`) and leaves that state as it was, so the same prompt passes serve
         any number of calls."""
         begun, finite = prefills
@@ -467,7 +464,7 @@ class GenerationMixin:
         shares = [g.stop - g.start for g in self._row_groups(count, len(begun))]
         calls = [
             functools.partial(self._tokens, logits, state, first, new, options, eos, pad,
-                              rows if n > 1 else None, apart)  # one loop: every row
+                              *((rows,) if n > 1 else ()))  # one loop: every row
             for (logits, state, first), n in zip(begun, shares)
             for rows in self._row_groups(first.shape[0], n)
         ]  # fmt: skip
@@ -486,13 +483,11 @@ class GenerationMixin:
         bounds = [batch * i // count for i in range(count + 1)]
         return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
-    def _group_count(self, ids, new, decoded) -> tuple[int, bool]:
+    def _group_count(self, ids, new, decoded) -> int:
         """How many compiled loops greedy decoding runs side by side, each in a thread of
-        its own over a group of rows, and whether each steps its rows one by one: one
-        loop per core or one per row, rows together or apart, as
-        `multiattn.tuning.decode_loops` measures by ``decoded(count, apart)``
-        (`_decode`'s loops after its prompt passes) or ``settings(decode_threads=...,
-        decode_rows_apart=...)`` forces.
+        its own over a group of rows: one per core or one per row, as
+        `multiattn.tuning.decode_loops` measures by ``decoded(count)`` (`_decode`'s
+        loops after its prompt passes) or ``settings(decode_threads=...)`` forces.
 
         A decoding step reads every cache and weight once per token and does little with
         each byte: at batch 8 XLA's loop ran at the speed at which one core reads memory,
@@ -529,12 +524,9 @@ class GenerationMixin:
                 scope.enter_context(torch.no_grad())
             return self._loops(self._prefills(ids, mask, new, 1), 1, new, options, eos, pad)
 
-    def _tokens(
-        self, logits, state, first, new, options, eos, pad, rows=None, apart=False
-    ) -> np.ndarray:
+    def _tokens(self, logits, state, first, new, options, eos, pad, rows=None) -> np.ndarray:
         """The tokens after the prefill: ``first`` and the new columns; with ``rows`` (a
-        slice), those of these rows of the batch only; with ``apart``, the compiled loop
-        steps the rows one by one (`_greedy`).
+        slice), those of these rows of the batch only.
 
         The compiled loop cuts its rows out of the prompt's state itself (`_greedy`): cut
         outside, each array would cost an eager slice per group (on TensorFlow a
@@ -546,8 +538,6 @@ class GenerationMixin:
             start = np.asarray(rows.start, np.int32)  # NumPy's (a jax array cost 0.17 ms)
             first, window = first[rows], (start, rows.stop - rows.start)
         if loop is not None:
-            if apart:  # static, after the window (the whole batch where none was cut)
-                window = (*(window or (np.asarray(0, np.int32), first.shape[0])), True)
             tokens, count = loop(logits, state, new, eos, pad, *window)
             tokens = keras.ops.convert_to_numpy(tokens)[:, : int(count)]
             return np.concatenate([first, tokens.astype(np.int64)], axis=1)
@@ -567,18 +557,14 @@ class GenerationMixin:
             logits = self._advance(step, token, t, state)
         return np.concatenate(out, axis=1)
 
-    def _greedy(self, logits, state, new, eos, pad, first_row=0, rows=None, apart=False) -> tuple:
+    def _greedy(self, logits, state, new, eos, pad, first_row=0, rows=None) -> tuple:
         """Greedy decoding after the prefill as one loop of tensor operations (compiled
         whole by `_compiled_loop`): int32 ``(batch, new)`` tokens and the number of
         columns filled (fewer than ``new`` when every row ended). With ``rows`` (static),
-        of the ``rows`` rows from ``first_row`` (a tensor) of the prefill's batch only.
-        With ``apart`` (static), each step runs every row through the model on its own
-        (its state cut out once, before the loop), so that each dense product is a
-        matrix-vector product; otherwise the rows go through together."""
+        of the ``rows`` rows from ``first_row`` (a tensor) of the prefill's batch only."""
         ops = keras.ops
         if rows is not None and rows != logits.shape[0]:
             logits, state = _window((logits, state), first_row, rows)
-        batch = logits.shape[0]
         stop = ops.convert_to_tensor(np.asarray(eos or (-1,), np.int32))
 
         def choose(logits, done):
@@ -589,33 +575,27 @@ class GenerationMixin:
             ended = ops.any(ops.equal(ops.expand_dims(token, 1), stop), axis=1)
             return token, ops.logical_or(done, ended)
 
-        token, done = choose(logits, ops.zeros((batch,), "bool"))
-        tokens = ops.zeros((batch, new), "int32")
+        token, done = choose(logits, ops.zeros((logits.shape[0],), "bool"))
+        tokens = ops.zeros((logits.shape[0], new), "int32")
         tokens = ops.slice_update(tokens, (0, 0), ops.expand_dims(token, 1))
-        parts = [state]
-        if apart and batch > 1:
-            parts = [_window(state, ops.convert_to_tensor(r, "int32"), 1) for r in range(batch)]
-        width = batch // len(parts)  # rows per part
-        shapes = [tuple(c.shape) for c in keras.tree.flatten(parts[0]["caches"])]
 
-        def more(t, token, done, tokens, parts):
+        def more(t, token, done, tokens, state):
             return ops.logical_and(ops.less(t, new - 1), ops.logical_not(ops.all(done)))
 
-        def body(t, token, done, tokens, parts):
-            outs, stepped = [], []
-            for i, part in enumerate(parts):
-                part = {**part, "caches": _with_unit_axes(part["caches"], shapes)}
-                its_tokens = token[i * width : (i + 1) * width]
-                outs.append(self._advance(self.step, its_tokens, t, part))
-                stepped.append({**part, "caches": _without_unit_axes(part["caches"])})
-            token, done = choose(outs[0] if len(outs) == 1 else ops.concatenate(outs), done)
+        shapes = [tuple(c.shape) for c in keras.tree.flatten(state["caches"])]
+
+        def body(t, token, done, tokens, state):
+            state = {**state, "caches": _with_unit_axes(state["caches"], shapes)}
+            logits = self._advance(self.step, token, t, state)
+            state["caches"] = _without_unit_axes(state["caches"])
+            token, done = choose(logits, done)
             # the starts share one integer dtype (JAX, with 64-bit ints enabled too)
             tokens = ops.slice_update(tokens, (t * 0, t + 1), ops.expand_dims(token, 1))
-            return t + 1, token, done, tokens, stepped
+            return t + 1, token, done, tokens, state
 
         start = ops.convert_to_tensor(0, "int32")
-        parts = [{**p, "caches": _without_unit_axes(p["caches"])} for p in parts]
-        t, _, _, tokens, _ = ops.while_loop(more, body, (start, token, done, tokens, parts))
+        state = {**state, "caches": _without_unit_axes(state["caches"])}
+        t, _, _, tokens, _ = ops.while_loop(more, body, (start, token, done, tokens, state))
         return tokens, t + 1
 
     def _compiled_loop(self):
@@ -637,7 +617,7 @@ class GenerationMixin:
         kept = self.__dict__.get("_multiattn_loop")
         if kept is None:
             kept = self.__dict__["_multiattn_loop"] = self._compile(
-                self._greedy, static=("new", "eos", "pad", "rows", "apart"), choose_ynn=True
+                self._greedy, static=("new", "eos", "pad", "rows"), choose_ynn=True
             )
         return kept
 
@@ -755,7 +735,7 @@ class GenerationMixin:
         self, with_ynn, without_ynn, head: tuple, args: tuple, weight_bytes: int
     ) -> bool:
         """Whether the decoding loop runs with XLA:CPU's YNNPACK fusions (jax's default)
-        on ``args`` (`_greedy`'s: logits, state, new, eos, pad[, first_row, rows[, apart]]):
+        on ``args`` (`_greedy`'s: logits, state, new, eos, pad[, first_row, rows]):
         `multiattn.tuning.ynn_fusions_pay` on this call's own inputs, per shape class
         (the model's class, the loop's rows, prompt, cache bytes, new tokens, dtype,
         loops side by side; ``weight_bytes``, those of the weights the loop reads, decide
@@ -772,7 +752,6 @@ class GenerationMixin:
         logits, state, new = args[:3]
         batch = logits.shape[0]
         rows = args[6] if len(args) > 6 else batch  # this loop's rows of the prefill's
-        apart = len(args) > 7 and args[7]  # its rows stepped one by one
         # optree's own leaves: Keras' flatten took a third of the Python time of a call
         cache_bytes = _bytes_of(optree.tree_leaves(state["caches"], none_is_leaf=True))
         cls = {
@@ -783,7 +762,6 @@ class GenerationMixin:
             "new": tuning.bucket(new),
             "dtype": str(logits.dtype),
             "groups": _GROUPS.get(),
-            "apart": apart,
         }
 
         def candidate(compiled):
