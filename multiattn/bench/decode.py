@@ -3,8 +3,11 @@ transformers' ``generate``.
 
 Two model shapes, made by transformers with random weights and saved to a temporary
 folder: a GPT-2-shaped one (learned positions, LayerNorm, GELU) and a Llama-shaped one
-(RMSNorm, SwiGLU, rotary positions, grouped-query attention with 2 key/value heads for 8
-query heads); both hidden 256, 4 layers. Each framework runs in a process of its own
+(RMSNorm, SwiGLU, rotary positions, grouped-query attention with 2 key/value heads), of
+the sizes `SIZES` gives (``--decode-size``: ``small``, width 256 and 4 layers, or
+``real``, GPT-2 small and Qwen2-0.5B). With ``--autotune`` every case also runs a second
+multiattn model whose calls are under ``settings(autotune=True)``, side by side with the
+defaults (``multiattn-autotuned``). Each framework runs in a process of its own
 (``python -m multiattn.bench.decode --worker``): it loads the folders with
 `multiattn.models.from_pretrained` (on Paddle, ``framework="paddle"``) and times
 ``model.generate`` (greedy) for every prompt length and batch, and times transformers'
@@ -26,6 +29,8 @@ alternate.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import statistics
@@ -42,28 +47,50 @@ from ..tuning import describe_decision
 
 FRAMEWORKS = ("jax", "torch", "tensorflow", "paddle")
 MODELS = ("gpt2", "llama")
-HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 4, 8, 2, 1000
+#: ``--decode-size``: the two models' shapes. ``small``: both of width 256, 4 layers
+#: (a step there is mostly Python and dispatch). ``real``: GPT-2 small (124 M parameters)
+#: and Qwen2-0.5B's shape (a Llama-family model, grouped-query attention with 2
+#: key/value heads for 14 query heads, tied embeddings: 494 M parameters), where a step
+#: is bound by the weights' memory traffic.
+SIZES = {
+    "small": {
+        "gpt2": {"vocab_size": 1000, "n_embd": 256, "n_layer": 4, "n_head": 8},
+        "llama": {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 688,
+                  "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2},
+    },
+    "real": {
+        "gpt2": {"vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12},
+        "llama": {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+                  "num_hidden_layers": 24, "num_attention_heads": 14,
+                  "num_key_value_heads": 2, "tie_word_embeddings": True},
+    },
+}  # fmt: skip
+#: Token ids of the prompts are drawn below this (inside every size's vocabulary).
+VOCAB = 1000
 
 
-def make_models(folder: Path, max_positions: int, seed: int = 0) -> dict[str, Path]:
-    """The two model folders (``gpt2``, ``llama``) written by transformers."""
+def make_models(
+    folder: Path, max_positions: int, seed: int = 0, size: str = "small"
+) -> dict[str, Path]:
+    """The two model folders (``gpt2``, ``llama``) of `SIZES`' ``size``, written by
+    transformers with random weights."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+    shapes = SIZES[size]
     torch.manual_seed(seed)
     gpt2 = GPT2LMHeadModel(GPT2Config(
-        vocab_size=VOCAB, n_positions=max_positions, n_embd=HIDDEN, n_layer=LAYERS,
-        n_head=HEADS, bos_token_id=0, eos_token_id=0,
+        n_positions=max_positions, bos_token_id=0, eos_token_id=0, **shapes["gpt2"]
     ))  # fmt: skip
     llama = LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=688, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
         max_position_embeddings=max_positions, bos_token_id=0, eos_token_id=0,
+        **shapes["llama"],
     ))  # fmt: skip
     paths = {}
     for name, model in (("gpt2", gpt2), ("llama", llama)):
         paths[name] = folder / name
         model.save_pretrained(paths[name])
+    del gpt2, llama
     return paths
 
 
@@ -110,7 +137,7 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
         import multiattn.paddle  # noqa: F401 - Paddle before anything loads TensorFlow
     import keras
 
-    from multiattn.models import from_pretrained
+    from multiattn import config
 
     if framework == "torch":
         import torch
@@ -119,15 +146,11 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
     new = cfg["new_tokens"]
     rows = []
     for name, prompt, batch in _cases(cfg):
-        model = from_pretrained(
-            folders[name], framework="paddle" if framework == "paddle" else None
-        )
         ids = _inputs(prompt, batch, cfg["seed"])
-
-        def ours(n: int, model=model, ids=ids) -> Any:
-            return model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
-
-        runs = {"multiattn": ours, "transformers": _transformers_runner(folders[name], ids)}
+        runs = {"multiattn": _runner(framework, folders[name], ids)}
+        if cfg.get("autotune"):  # a model of its own: its compiled functions too
+            runs["multiattn-autotuned"] = _runner(framework, folders[name], ids, config)
+        runs["transformers"] = _transformers_runner(folders[name], ids)
         for n in (1, new):  # compile and warm every shape first
             for fn in runs.values():
                 fn(n)
@@ -138,11 +161,26 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
                 # not positive: noise swamped the steps (None)
                 "tokens_per_s": batch * (new - 1) / (steps / 1e3) if steps > 0 else None,
             })  # fmt: skip
-        del model
+        del runs
     from multiattn import tuning
 
     backend = "paddle" if framework == "paddle" else keras.backend.backend()
     return {"backend": backend, "rows": rows, "decisions": tuning.decisions()}
+
+
+def _runner(framework: str, folder: str, ids: np.ndarray, tuned: Any = None):
+    """multiattn's greedy ``generate`` of the model in ``folder`` on ``ids``, each call
+    under ``settings(autotune=True)`` where ``tuned`` (`multiattn.config`) is given."""
+    from multiattn.models import from_pretrained
+
+    model = from_pretrained(folder, framework="paddle" if framework == "paddle" else None)
+    scope = functools.partial(tuned.settings, autotune=True) if tuned else contextlib.nullcontext
+
+    def run(n: int) -> Any:
+        with scope():
+            return model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
+
+    return run
 
 
 def _transformers_runner(folder: str, ids: np.ndarray):
@@ -164,7 +202,8 @@ def run_decode(cfg: dict, on_line) -> dict:
     """Every framework's process in turn; the report's ``decode`` section."""
     out: dict[str, Any] = {"config": cfg, "frameworks": {}, "rows": []}
     with tempfile.TemporaryDirectory(prefix="multiattn-bench-decode-") as tmp:
-        folders = make_models(Path(tmp), max(cfg["prompts"]) + cfg["new_tokens"] + 8)
+        folders = make_models(Path(tmp), max(cfg["prompts"]) + cfg["new_tokens"] + 8,
+                              size=cfg.get("size", "small"))  # fmt: skip
         for fw in cfg["frameworks"]:
             on_line(f"{fw}: generating")
             result = _run_worker(fw, cfg, {k: str(v) for k, v in folders.items()}, Path(tmp))

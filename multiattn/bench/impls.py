@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from .common import Impl, describe_error
 
 #: framework -> (Keras backend of its worker or None, modules it needs)
@@ -51,6 +52,9 @@ class Framework:
     #: context manager measuring a call's peak memory (``delta`` bytes, ``method``);
     #: None: `multiattn.bench.common.PeakRSS`
     memory: Callable[[], Any] | None = None
+    #: ``--autotune``: every multiattn implementation also runs a second time, built
+    #: anew, its calls under ``settings(autotune=True)`` (id ``<id>-autotuned``)
+    autotune: bool = False
 
 
 def missing_modules(framework: str) -> list[str]:
@@ -68,6 +72,19 @@ def _add(fw: Framework, spec: tuple[str, str, str], build: Callable[[], dict]) -
         )
         return
     fw.impls.append(Impl(ident, label, kind, calls))
+    if fw.autotune and kind == "multiattn":
+        tuned = {mode: _autotuned(call) for mode, call in build().items()}
+        fw.impls.append(Impl(f"{ident}-autotuned", f"{label}, autotune on", kind, tuned))
+
+
+def _autotuned(call: Callable[[], Any]) -> Callable[[], Any]:
+    """``call`` under ``settings(autotune=True)`` (its first call times the choices)."""
+
+    def run() -> Any:
+        with config.settings(autotune=True):
+            return call()
+
+    return run
 
 
 # --- jax --------------------------------------------------------------------------------
@@ -82,7 +99,10 @@ def build_jax(cfg: dict, x_np: np.ndarray) -> Framework:
 
     h, e, dtype = cfg["heads"], cfg["width"], cfg["dtype"]
     x = jnp.asarray(x_np, dtype=dtype)
-    fw = Framework(info={"versions": {"jax": jax.__version__, "keras": keras.__version__}})
+    fw = Framework(
+        autotune=cfg.get("autotune", False),
+        info={"versions": {"jax": jax.__version__, "keras": keras.__version__}},
+    )
 
     def keras_calls(layer: Any) -> dict:
         layer(x, x)  # build
@@ -178,10 +198,11 @@ def build_torch(cfg: dict, x_np: np.ndarray) -> Framework:
     tdtype = getattr(torch, dtype)
     x = torch.from_numpy(np.asarray(x_np, dtype="float32")).to(tdtype)
     fw = Framework(
+        autotune=cfg.get("autotune", False),
         info={
             "versions": {"torch": torch.__version__, "keras": keras.__version__},
             "threads": torch.get_num_threads(),
-        }
+        },
     )
 
     def calls(run: Callable[[Any], Any], params: list[Any]) -> dict:
@@ -241,8 +262,6 @@ def build_torch(cfg: dict, x_np: np.ndarray) -> Framework:
             return lambda: _torch_matmul.onednn(a, a, None)
 
         fw.other_matmuls["oneDNN linear"] = onednn
-    from multiattn import config
-
     setting = config.get_torch_onednn()
     fw.info["torch_onednn_projections"] = _torch_matmul.available() and dtype == "float32"
     fw.info["torch_projection_library"] = (
@@ -265,10 +284,11 @@ def build_tensorflow(cfg: dict, x_np: np.ndarray) -> Framework:
     h, e, dtype = cfg["heads"], cfg["width"], cfg["dtype"]
     x = tf.cast(tf.constant(np.asarray(x_np, dtype="float32")), dtype)
     fw = Framework(
+        autotune=cfg.get("autotune", False),
         info={
             "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
             "threads": tf.config.threading.get_intra_op_parallelism_threads() or "default",
-        }
+        },
     )
 
     def keras_calls(layer: Any) -> dict:
@@ -356,7 +376,9 @@ def build_paddle(cfg: dict, x_np: np.ndarray) -> Framework:
     paddle.set_device("cpu")
     paddle.set_default_dtype(dtype)
     x = paddle.to_tensor(np.asarray(x_np, dtype="float32")).astype(dtype)
-    fw = Framework(info={"versions": {"paddle": paddle.__version__}})
+    fw = Framework(
+        autotune=cfg.get("autotune", False), info={"versions": {"paddle": paddle.__version__}}
+    )
     del b
 
     def calls(run: Callable[[Any], Any], layer: Any) -> dict:

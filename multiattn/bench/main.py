@@ -100,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--matmul-size", type=_positive, help="side of the peak matmul (2048)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument(
+        "--autotune",
+        action="store_true",
+        help="also time each multiattn implementation with settings(autotune=True), "
+        "side by side with the defaults (layers: a second implementation per framework; "
+        "--decode: a second multiattn model per case)",
+    )
+    run.add_argument(
         "--quick",
         action="store_true",
         help="tiny shape (batch 2, length 64, width 64, 4 heads), 1 warm-up, 3 repeats",
@@ -141,7 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dec.add_argument("--decode-prompts", help="comma-separated prompt lengths (default 128,512)")
     dec.add_argument("--decode-batches", help="comma-separated batch sizes (default 1,8)")
-    dec.add_argument("--decode-new-tokens", type=_positive, help="new tokens (default 64)")
+    dec.add_argument("--decode-new-tokens", type=_positive,
+                     help="new tokens (default 64; --decode-size real 32)")  # fmt: skip
+    dec.add_argument("--decode-size", choices=("small", "real"), default="small",
+                     help="small: width-256 models of 4 layers (default); real: GPT-2 small "
+                     "(124 M) and Qwen2-0.5B shapes (default prompts 128, batches 1,8)")  # fmt: skip
     return p
 
 
@@ -158,21 +169,24 @@ def _int_list(parser: argparse.ArgumentParser, flag: str, raw: str) -> list[int]
 def decode_config(args: argparse.Namespace, parser: argparse.ArgumentParser, cfg: dict) -> dict:
     """The settings of ``--decode`` (``--quick``: prompts 16 and 32, batches 1 and 2, 8
     new tokens)."""
-    quick = args.quick
-    new = args.decode_new_tokens or (8 if quick else 64)
+    quick, real = args.quick, args.decode_size == "real"
+    new = args.decode_new_tokens or (8 if quick else 32 if real else 64)
     if new < 2:
         parser.error("--decode-new-tokens must be at least 2 (the rate is of the steps after one)")
     from .decode import FRAMEWORKS as DECODE_FRAMEWORKS
 
     return {
         "prompts": _int_list(parser, "--decode-prompts",
-                             args.decode_prompts or ("16,32" if quick else "128,512")),
+                             args.decode_prompts or ("16,32" if quick else
+                                                     "128" if real else "128,512")),
         "batches": _int_list(parser, "--decode-batches",
                              args.decode_batches or ("1,2" if quick else "1,8")),
         "new_tokens": new,
         "repeats": args.repeats or 3,
         "frameworks": [f for f in cfg["frameworks"] if f in DECODE_FRAMEWORKS],
         "seed": cfg["seed"],
+        "size": args.decode_size,
+        "autotune": args.autotune,
         "timeout": 3600.0,
     }  # fmt: skip
 
@@ -216,6 +230,7 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
         long_causal=args.long_causal,
         long_backward=args.long_backward,
         long_max_gib=args.long_max_gib,
+        autotune=args.autotune,
         device="cpu",
     )
     return cfg
