@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ops.rotary import check_rotary_scaling
-from .hf_families import Entry, Family, _int, _positive
+from ._hf_common import Entry, Family, _int, _positive
 
 __all__ = ["CAUSAL_LM_FAMILIES", "GPT2", "LLAMA", "MISTRAL", "QWEN2"]
 

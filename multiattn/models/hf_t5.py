@@ -14,7 +14,7 @@ drops the scaling) and other feed-forward forms are refused by name.
 
 from __future__ import annotations
 
-from .hf_families import Entry, Family, _int, _positive
+from ._hf_common import Entry, Family, _int, _positive
 
 __all__ = ["FEED_FORWARD", "T5"]
 

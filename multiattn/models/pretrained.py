@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .hf_families import Family
+from .hf_families import Family, to_hf
 from .hf_files import read_folder, write_folder
 
 __all__ = ["DTYPES", "FRAMEWORKS", "PretrainedCausalLM", "PretrainedModel", "from_pretrained"]
@@ -93,8 +93,6 @@ class PretrainedModel:
     def state_dict(self) -> dict[str, np.ndarray]:
         """The weights as NumPy arrays under transformers' names (``BertModel`` /
         ``ViTModel``, no prefix)."""
-        from .hf_families import to_hf
-
         weights = self.layer.neutral_weights()
         entries = self.family.entries(self.sizes, pooler="pooler/kernel" in weights)
         return to_hf(entries, weights)

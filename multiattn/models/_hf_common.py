@@ -1,0 +1,152 @@
+"""What every family table of `multiattn.models.hf_families` is built from (no framework).
+
+`Entry` (one tensor: the Hugging Face name and shape, the neutral name and the exact
+transform between the two), `Family` (one ``model_type``: its config keys, checked, and
+its tensor table), the config keys every family accepts or fixes (`COMMON_INERT`,
+`COMMON_FIXED`) and the checked readers of config values. It imports no other module of
+the package, so `multiattn.models.hf_families` (the registry, `FAMILIES`) and the family
+modules it lists (`multiattn.models.hf_causal_lm`, `multiattn.models.hf_t5`) all import
+it without importing one another in a circle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["COMMON_FIXED", "COMMON_INERT", "Entry", "Family"]
+
+# Keys of every transformers config that do not change a base encoder's inference output.
+COMMON_INERT = frozenset(
+    {
+        "_name_or_path", "architectures", "transformers_version", "dtype", "torch_dtype",
+        "model_type", "initializer_range", "hidden_dropout_prob",
+        "attention_probs_dropout_prob", "classifier_dropout", "use_cache", "pad_token_id",
+        "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id",
+        "tie_word_embeddings", "gradient_checkpointing", "id2label", "label2id",
+        "num_labels", "problem_type", "finetuning_task", "tokenizer_class", "prefix",
+        "task_specific_params", "return_dict", "chunk_size_feed_forward", "torchscript",
+        "use_bfloat16", "tie_encoder_decoder", "_attn_implementation_autoset",
+        "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+        "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p",
+        "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+        "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+        "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+        "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+        "suppress_tokens", "begin_suppress_tokens",
+    }
+)  # fmt: skip
+# Keys that must hold their default: a different value changes the model.
+COMMON_FIXED = {
+    "is_decoder": (False,),
+    "add_cross_attention": (False,),
+    "is_encoder_decoder": (False,),
+    "cross_attention_hidden_size": (None,),
+    "output_attentions": (False,),
+    "output_hidden_states": (False,),
+    "pruned_heads": ({},),
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor: Hugging Face ``hf`` name and shape, neutral ``name``, and ``kind``:
+
+    ``same`` (identical), ``linear`` (HF ``(out, in)`` <-> ``(in, out)``), ``heads_in``
+    (HF ``(H*D, E)`` <-> ``(E, H, D)``), ``heads_bias`` (``(H*D,)`` <-> ``(H, D)``),
+    ``heads_out`` (HF ``(E, H*D)`` <-> ``(H, D, E)``), ``patch`` (a convolution kernel
+    ``(E, C, p, q)`` <-> ``(C*p*q, E)``), ``squeeze`` (the leading unit axis dropped),
+    ``rows_heads`` (a kernel stored ``(in, out)``, HF ``(H*D, E)`` <-> ``(H, D, E)``).
+    """
+
+    hf: str
+    shape: tuple[int, ...]
+    name: str
+    kind: str = "same"
+    heads: int = 1
+
+    def to_neutral(self, a: np.ndarray) -> np.ndarray:
+        h, k = self.heads, self.kind
+        if k == "linear":
+            a = a.T
+        elif k == "heads_in":
+            a = a.T.reshape(a.shape[1], h, -1)
+        elif k == "heads_bias":
+            a = a.reshape(h, -1)
+        elif k == "heads_out":
+            a = a.T.reshape(h, -1, a.shape[0])
+        elif k == "patch":
+            a = a.reshape(a.shape[0], -1).T
+        elif k == "squeeze":
+            a = a.reshape(a.shape[1:])
+        elif k == "rows_heads":
+            a = a.reshape(h, -1, a.shape[1])
+        return np.ascontiguousarray(a)
+
+    def to_hf(self, a: np.ndarray) -> np.ndarray:
+        k = self.kind
+        if k in ("linear", "heads_in", "heads_out", "patch"):
+            # every neutral kernel flattens to (in, out) in HF's feature order
+            rows = a.shape[0] if k != "heads_out" else a.shape[0] * a.shape[1]
+            a = a.reshape(rows, -1).T
+        return np.ascontiguousarray(a.reshape(self.shape))
+
+
+def _int(raw: dict, key: str, where: str, default: Any = None) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        raise ValueError(f"{where}: config.json has no `{key}`.")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: `{key}` must be a positive integer; received {value!r}.")
+    return value
+
+
+def _positive(raw: dict, key: str, where: str, default: Any = None) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{where}: `{key}` must be a positive number; received {value!r}.")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One ``model_type``: how its config is read and its tensors are named."""
+
+    model_type: str
+    architecture: str  # the transformers class written to ``architectures``
+    prefix: str  # the base model's prefix inside task-head checkpoints
+    inputs: tuple[str, ...]
+    layer: str  # "module:Class" of the Keras layer, built by `from_sizes`
+    read_sizes: Callable[[dict, str], dict]
+    keys: tuple[str, ...]  # the config keys `read_sizes` reads
+    entries: Callable[[dict], list]
+    fixed: dict = field(default_factory=dict)
+    inert: frozenset = frozenset()
+    buffers: Callable[[dict], dict] = lambda sizes: {}  # read, checked, not used
+
+    def check_config(self, raw: dict, where: str) -> dict:
+        """The sizes of ``raw`` (a config.json object); refuses what is not implemented."""
+        got = raw.get("model_type")
+        if got != self.model_type:
+            raise ValueError(
+                f"{where}: `model_type` must be {self.model_type!r}; received {got!r}."
+            )
+        fixed = {**COMMON_FIXED, **self.fixed}
+        sizes = self.read_sizes(raw, where)
+        for key, value in raw.items():
+            if key in fixed:
+                if value not in fixed[key]:
+                    allowed = " or ".join(repr(v) for v in fixed[key])
+                    raise ValueError(
+                        f"{where}: config option `{key}` = {value!r} is not implemented "
+                        f"(multiattn's {self.model_type} supports {allowed})."
+                    )
+            elif key not in COMMON_INERT and key not in self.inert and key not in self.keys:
+                raise ValueError(
+                    f"{where}: config option `{key}` is not implemented for model_type "
+                    f"{self.model_type!r}; refusing to load rather than ignore it."
+                )
+        return sizes
