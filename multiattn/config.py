@@ -18,7 +18,7 @@ memory and kernels everywhere:
 The others choose kernels that are otherwise measured (``fused_attention``,
 ``blockwise_attention``, ``fused_projections``, ``attention_chunks``,
 ``attention_backward``) and how ``generate``
-runs (``torch_traced_step``, ``compiled_loop``, ``decode_threads``, ``ynn_fusions``).
+runs (``torch_traced_step``, ``compiled_loop``, ``decode_threads``).
 
 A value is looked up, in order of precedence:
 
@@ -79,7 +79,6 @@ __all__ = [
     "get_fused_projections",
     "get_torch_onednn",
     "get_torch_traced_step",
-    "get_ynn_fusions",
     "owned_caches",
     "process_cores",
     "reload_environment",
@@ -227,7 +226,6 @@ def settings(
     attention_chunks: int | None = _UNSET,
     attention_backward: str | None = _UNSET,
     blockwise_attention: bool | None = _UNSET,
-    ynn_fusions: bool | None = _UNSET,
     autotune: bool | None = _UNSET,
 ) -> Iterator[None]:
     """Scoped settings: inside the block, the given values apply to every multiattn call
@@ -291,16 +289,6 @@ def settings(
             decoded alone (a row whose group stopped early is filled with
             ``pad_token_id``, as the unsplit batch does after its end). Read at each
             ``generate`` call.
-        ynn_fusions: on jax's CPU backend, whether the compiled loop of greedy
-            ``generate`` lets XLA hand its dense products to the YNNPACK library (True:
-            XLA's default) or keeps them in XLA's own code (False: the compiler option
-            ``xla_cpu_experimental_ynn_fusion_type`` set empty for that function only).
-            None (the default) measures which loop is faster on the running machine,
-            once per shape class, for models of at least
-            `multiattn.tuning.DECODE_MIN_WEIGHT_BYTES` of weights (smaller ones keep
-            XLA's default untimed; `multiattn.tuning.ynn_fusions_pay`). The tokens are
-            the same either way. Ignored elsewhere (other backends, jax on a GPU). Read
-            at each ``generate`` call.
         attention_chunks: the explicit attention path (the core's own softmax, taken
             where the fused kernel is not) runs over at most this many slices of the
             batch in turn: the largest divisor of the batch not above it, so ``8`` runs a
@@ -360,7 +348,6 @@ def settings(
         "torch_traced_step": torch_traced_step,
         "fused_projections": fused_projections,
         "compiled_loop": compiled_loop,
-        "ynn_fusions": ynn_fusions,
         "autotune": autotune,
     }
     for name, value in flags.items():
@@ -507,12 +494,6 @@ def get_compiled_loop() -> bool:
     ``generate`` runs its tokens in one compiled loop on jax and TensorFlow."""
     value = _scoped.get().get("compiled_loop")
     return True if value is None else value
-
-
-def get_ynn_fusions() -> bool | None:
-    """The innermost `settings` value of ``ynn_fusions``: True (XLA's YNNPACK fusions in
-    jax's compiled decoding loop), False (none) or None (measured)."""
-    return _scoped.get().get("ynn_fusions")
 
 
 def get_decode_threads() -> int | None:

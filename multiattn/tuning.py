@@ -68,11 +68,6 @@ Choices made this way:
   products.
 * ``fused-gate-up``: the gate and up projections of a gated feed-forward layer (SwiGLU,
   GeGLU) likewise, as two products or one over the two kernels joined.
-* ``xla-ynn-fusions``: on jax's CPU backend, whether the compiled loop of greedy
-  ``generate`` lets XLA hand its dense products to the YNNPACK library (XLA's default) or
-  keeps them in XLA's own code (`ynn_fusions_pay`, the whole loop timed on the call's own
-  prompt state); ``settings(ynn_fusions=True/False)`` forces one; models under
-  `DECODE_MIN_WEIGHT_BYTES` of weights keep XLA's default untimed.
 
 `decisions` lists what was decided in this process (with the medians that decided it),
 `reset` forgets it, `cpu_info` describes the CPU (model and instruction sets), which the
@@ -111,7 +106,6 @@ __all__ = [
     "MARGIN",
     "MAX_CALLS",
     "MIN_SAMPLE_S",
-    "NO_YNN_FUSIONS",
     "PROJECTION_FLOP_CAP",
     "REPEATS",
     "Decision",
@@ -133,7 +127,6 @@ __all__ = [
     "reset",
     "save_decisions",
     "torch_is_tracing",
-    "ynn_fusions_pay",
 ]
 
 #: Timed rounds per decision (each takes one sample of every candidate); the median
@@ -1265,61 +1258,13 @@ def _sync(backend: str, device: str | None) -> Callable[[Any], Any] | None:
     return None
 
 
-#: Weights below which `ynn_fusions_pay` keeps XLA's default and `decode_loops` one loop
+#: Weights below which `decode_loops` keeps one loop
 #: per core, untimed: timing compiles the decoding loop again and runs it 14 times or
 #: more, seconds that a small model's ``generate`` would not win back.
 DECODE_MIN_WEIGHT_BYTES = 4 << 20
 #: How many loops greedy decoding runs side by side (at most one per row) where nothing
 #: forces a count and autotune is off (`decode_loops`).
 DECODE_DEFAULT_LOOPS = 1
-#: The XLA:CPU compiler option (of one ``jax.jit`` function) that makes no YNNPACK fusions.
-NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-
-
-def ynn_fusions_pay(
-    with_ynn: Callable[[], Callable[[], Any]],
-    without_ynn: Callable[[], Callable[[], Any]],
-    shape_class: Mapping[str, Any],
-    weight_bytes: int,
-) -> bool:
-    """Whether jax's compiled decoding loop runs faster with XLA's YNNPACK fusions
-    (``with_ynn``, XLA's default) than without (``without_ynn``, compiled with
-    `NO_YNN_FUSIONS`): each makes, only when the class is timed, a zero-argument call of
-    the whole loop on the caller's own prompt state (the loop copies the caches it is
-    given, so it can run again).
-
-    From two rows up, jax 0.10's XLA:CPU sends the step's dense products to YNNPACK
-    fusions; on a 2-core AMD EPYC (AVX2) the loop ran 12% to 23% faster at batch 8
-    without them, and microbenchmarks of single products with hot weights disagreed with
-    the loop in both directions: hence the loop itself is timed, once per shape class
-    (the caller's fields, and the weights bucketed), on the first
-    ``generate`` of the class. The option is experimental: where this jax does not know it,
-    ``without_ynn`` raises and XLA's default is taken. ``settings(ynn_fusions=...)`` forces
-    one; models under `DECODE_MIN_WEIGHT_BYTES` keep XLA's default untimed. XLA's default
-    is kept unless the other loop is faster by more than `MARGIN`."""
-    forced = config.get_ynn_fusions()
-    if forced is not None:
-        return forced
-    measurable = weight_bytes >= DECODE_MIN_WEIGHT_BYTES
-    reason = f"weights under {DECODE_MIN_WEIGHT_BYTES >> 20} MiB: XLA's default, untimed"
-    cls = {**shape_class, "weights": bucket(weight_bytes)}
-
-    def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
-        fns = {}
-        for name, make in (("ynn", with_ynn), ("xla", without_ynn)):
-            try:
-                fns[name] = make()
-            except Exception as err:  # an option this jax does not know: the other one
-                fns[name] = functools.partial(_raise, err)
-        return fns, "the call's own prompt state"
-
-    choice = decide("xla-ynn-fusions", cls, candidates, fallback="ynn", measurable=measurable,
-                    reason=reason, sync=_sync("jax", None), margin=MARGIN)  # fmt: skip
-    return choice == "ynn"
-
-
-def _raise(err: Exception) -> None:
-    raise err
 
 
 def decode_loops(

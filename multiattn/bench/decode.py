@@ -233,8 +233,8 @@ def _run_worker(framework: str, cfg: dict, folders: dict, tmp: Path) -> dict:
 
 
 #: The choices of greedy decoding that `print_decode` lists per framework (loops side by
-#: side, XLA:CPU's YNNPACK fusions).
-_DECODING_CHOICES = ("decode-loops", "xla-ynn-fusions")
+#: side).
+_DECODING_CHOICES = ("decode-loops",)
 
 
 def print_decode(section: dict, console: Any) -> None:

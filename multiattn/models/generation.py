@@ -617,7 +617,7 @@ class GenerationMixin:
         kept = self.__dict__.get("_multiattn_loop")
         if kept is None:
             kept = self.__dict__["_multiattn_loop"] = self._compile(
-                self._greedy, static=("new", "eos", "pad", "rows"), choose_ynn=True
+                self._greedy, static=("new", "eos", "pad", "rows")
             )
         return kept
 
@@ -665,7 +665,7 @@ class GenerationMixin:
             self.__dict__["_multiattn_prefill"] = kept
         return kept
 
-    def _compile(self, fn, static: tuple = (), donate: str | None = None, choose_ynn=False):
+    def _compile(self, fn, static: tuple = (), donate: str | None = None):
         """``fn`` (a method of this model) compiled by XLA.
 
         On TensorFlow, ``tf.function(jit_compile=True)``, traced once per set of shapes
@@ -680,13 +680,11 @@ class GenerationMixin:
         the `owned_caches` block in force at the call (`cache_scope`) and the settings
         that shape attention (`multiattn.config.fingerprint`) are arguments that select
         the trace: a trace made under one block or one setting is not reused under
-        another. ``choose_ynn`` (jax, the decoding loop): the function is compiled with
-        and without XLA:CPU's YNNPACK fusions, and each call runs the one `_ynn_fusions`
-        chooses.
+        another.
 
         The returned function has an ``optimized_hlo(*args)`` attribute: XLA's optimised
         program for those arguments, as text (the tests read it for copies of a cache)."""
-        from .. import config, tuning
+        from .. import config
 
         names = list(inspect.signature(fn).parameters)
         if self._backend() == "tensorflow":
@@ -700,79 +698,20 @@ class GenerationMixin:
                 with enter_cache_scope(scope):
                     return fn(*args)
 
-        jit = functools.partial(
-            jax.jit,
+        compiled = jax.jit(
             pure,
             static_argnums=(1, 2, *(3 + names.index(n) for n in static)),
             donate_argnums=() if donate is None else (3 + names.index(donate),),
         )
-        compiled = jit()
-        without_ynn = jit(compiler_options=tuning.NO_YNN_FUSIONS) if choose_ynn else None
-        weight_bytes = _bytes_of(variables)  # the weights this function reads
 
         def leading() -> tuple:
             return [v.value for v in variables], cache_scope(), config.fingerprint()
 
-        def chosen(head: tuple, args: tuple):
-            if without_ynn is None or self._ynn_fusions(
-                compiled, without_ynn, head, args, weight_bytes
-            ):
-                return compiled
-            return without_ynn
-
         def call(*args):
-            head = leading()
-            return chosen(head, args)(*head, *args)
+            return compiled(*leading(), *args)
 
         def optimized_hlo(*args):
-            head = leading()
-            return chosen(head, args).lower(*head, *args).compile().as_text()
+            return compiled.lower(*leading(), *args).compile().as_text()
 
         call.optimized_hlo = optimized_hlo
         return call
-
-    def _ynn_fusions(
-        self, with_ynn, without_ynn, head: tuple, args: tuple, weight_bytes: int
-    ) -> bool:
-        """Whether the decoding loop runs with XLA:CPU's YNNPACK fusions (jax's default)
-        on ``args`` (`_greedy`'s: logits, state, new, eos, pad[, first_row, rows]):
-        `multiattn.tuning.ynn_fusions_pay` on this call's own inputs, per shape class
-        (the model's class, the loop's rows, prompt, cache bytes, new tokens, dtype,
-        loops side by side; ``weight_bytes``, those of the weights the loop reads, decide
-        whether it is timed); True off jax's CPU backend. Where `_decode` runs groups of
-        rows side by side, each candidate is timed as that many copies of this loop side
-        by side: timed alone, a loop with the fusions won (Llama shape, 4 rows, 173
-        against 179 ms) where two side by side lost (3.12 against 2.00 ms per step)."""
-        import jax
-
-        from .. import tuning
-
-        if jax.default_backend() != "cpu":
-            return True
-        logits, state, new = args[:3]
-        batch = logits.shape[0]
-        rows = args[6] if len(args) > 6 else batch  # this loop's rows of the prefill's
-        # optree's own leaves: Keras' flatten took a third of the Python time of a call
-        cache_bytes = _bytes_of(optree.tree_leaves(state["caches"], none_is_leaf=True))
-        cls = {
-            "model": type(self).__name__,
-            "rows": tuning.bucket(rows),
-            "prompt": tuning.bucket(state.get("seq", 0)),  # an encoder-decoder's has none
-            "cache": tuning.bucket(cache_bytes * rows // batch),
-            "new": tuning.bucket(new),
-            "dtype": str(logits.dtype),
-            "groups": _GROUPS.get(),
-        }
-
-        def candidate(compiled):
-            def run():
-                return compiled(*head, *args)
-
-            # traced and compiled here, in the thread that holds the tuning lock (the
-            # trace reads other decisions, which a thread of its own would wait for)
-            jax.block_until_ready(run())
-            return _side_by_side(run, cls["groups"])
-
-        return tuning.ynn_fusions_pay(
-            lambda: candidate(with_ynn), lambda: candidate(without_ynn), cls, weight_bytes
-        )
