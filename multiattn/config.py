@@ -1,7 +1,7 @@
 """Runtime settings of multiattn, scoped or process-wide.
 
-The settings are the arguments of `settings` (documented there). These three shape
-memory and kernels everywhere:
+The settings are the arguments of `settings` (documented there). These shape memory and
+kernels everywhere:
 
 * ``attention_memory_budget``: the most memory, in bytes, that the attention score
   matrix of one call may take. When the scores of a call (``batch * heads * queries *
@@ -12,13 +12,14 @@ memory and kernels everywhere:
 * ``block_size``: force that blockwise path with blocks of this many ``(queries, keys)``
   for attention calls that give no ``block_size`` of their own (None: decided by the
   budget).
-* ``torch_onednn``: which library runs dense projections on PyTorch CPU (see
-  `set_torch_onednn`; unset, it is measured on the running machine by `multiattn.tuning`).
+* ``autotune``: whether the kernel choices that no setting forces are timed on the
+  running machine (`multiattn.tuning`) or take their documented defaults (the default:
+  every choice then depends only on the call's static facts).
 
-The others choose kernels that are otherwise measured (``fused_attention``,
+The others force one kernel choice each (``torch_onednn``, ``fused_attention``,
 ``blockwise_attention``, ``fused_projections``, ``attention_chunks``,
-``attention_backward``) and how ``generate``
-runs (``torch_traced_step``, ``compiled_loop``, ``decode_threads``).
+``attention_backward``) or say how ``generate`` runs (``torch_traced_step``,
+``compiled_loop``).
 
 A value is looked up, in order of precedence:
 
@@ -29,11 +30,11 @@ A value is looked up, in order of precedence:
    `set_torch_onednn`);
 3. the environment variables ``MULTIATTN_ATTENTION_MEMORY_BUDGET`` (a number of bytes
    with an optional unit: ``1073741824``, ``512MiB``, ``2GiB``, ``1.5GB``, ``64k``;
-   ``k``/``M``/``G``/``T`` and ``KB``... are powers of 1000, ``KiB``... powers of 1024)
-   and ``MULTIATTN_TORCH_ONEDNN``, read once, at first use (`reload_environment` reads
-   them again);
+   ``k``/``M``/``G``/``T`` and ``KB``... are powers of 1000, ``KiB``... powers of 1024),
+   ``MULTIATTN_TORCH_ONEDNN`` and ``MULTIATTN_AUTOTUNE``, read once, at first use
+   (`reload_environment` reads them again);
 4. the defaults: `DEFAULT_ATTENTION_MEMORY_BUDGET` (1 GiB), no forced block size,
-   ``torch_onednn`` measured.
+   autotune off.
 
 `owned_caches` is a scope of another kind: inside it, a caller that owns the KV caches
 it passes to the layers (``generate``, or a decoding loop of one's own) lets them write
@@ -74,7 +75,6 @@ __all__ = [
     "get_block_size",
     "get_blockwise_attention",
     "get_compiled_loop",
-    "get_decode_threads",
     "get_fused_attention",
     "get_fused_projections",
     "get_torch_onednn",
@@ -222,7 +222,6 @@ def settings(
     torch_traced_step: bool | None = _UNSET,
     fused_projections: bool | None = _UNSET,
     compiled_loop: bool | None = _UNSET,
-    decode_threads: int | None = _UNSET,
     attention_chunks: int | None = _UNSET,
     attention_backward: str | None = _UNSET,
     blockwise_attention: bool | None = _UNSET,
@@ -233,6 +232,12 @@ def settings(
     block_size=(128, 256)): ...``); on exit the previous values apply again. Blocks nest;
     an argument left out keeps the enclosing value, and None means the process-wide value
     (the setters', else the environment's, else the default).
+
+    Where a choice below is *measured*, that is under ``autotune``; with it off (the
+    default) nothing is timed and each choice takes its documented default, the
+    framework's own operation: the namespace's ``fused_attention_pays`` for fused or
+    explicit attention, the direct path within the memory budget, a product per kernel,
+    one piece, automatic differentiation, and PyTorch's BLAS product for projections.
 
     Args:
         attention_memory_budget: bytes (an int or a string such as ``"512MiB"``).
@@ -275,20 +280,6 @@ def settings(
             ``tf.while_loop`` compiled by XLA, with no return to Python between tokens.
             False loops in Python over the compiled one-token step (as sampling always
             does). Both give the same tokens. Read at each ``generate`` call.
-        decode_threads: how many compiled loops greedy ``generate`` runs side by side,
-            each in a thread of its own over a group of rows, where it runs the
-            compiled loop (jax, TensorFlow); XLA runs them on the machine's cores. The
-            prompt passes run in at most one group per core (``process_cores``), and
-            each prompt group's rows are shared out among its part of the loops. None
-            (the default): `multiattn.tuning.DECODE_DEFAULT_LOOPS` (one) on a CPU and
-            one on an accelerator; with ``autotune``, on a CPU, one loop per core
-            (`process_cores`, at most one per row) or, where the batch has more rows
-            than that, one per core or one per row, whichever is measured faster
-            (`multiattn.tuning.decode_loops`). A positive int: that many loops, at most
-            one per row. Rows are independent, so the tokens are those of each group
-            decoded alone (a row whose group stopped early is filled with
-            ``pad_token_id``, as the unsplit batch does after its end). Read at each
-            ``generate`` call.
         attention_chunks: the explicit attention path (the core's own softmax, taken
             where the fused kernel is not) runs over at most this many slices of the
             batch in turn: the largest divisor of the batch not above it, so ``8`` runs a
@@ -353,8 +344,6 @@ def settings(
     for name, value in flags.items():
         if value is not _UNSET:
             changes[name] = _check_flag("settings", name, value)
-    if decode_threads is not _UNSET:
-        changes["decode_threads"] = _check_positive("decode_threads", decode_threads)
     if attention_chunks is not _UNSET:
         changes["attention_chunks"] = _check_positive("attention_chunks", attention_chunks)
     if attention_backward is not _UNSET:
@@ -422,20 +411,21 @@ def set_torch_onednn(enabled: bool | None) -> None:
     query, key, value and output projections of `multiattn.layers.MultiHeadAttention`):
     PyTorch's oneDNN linear operator or its BLAS product.
 
-    Which one is faster depends on the CPU: oneDNN was twice as fast as MKL on an AMD EPYC
-    with AVX-512, and 22% slower than ``torch.matmul`` on an AVX2-only CPU. So by default
-    (``None``, and ``MULTIATTN_TORCH_ONEDNN`` unset, empty or ``auto``) neither is assumed:
-    each product of a projection (forward, and the two of its backward pass) runs on the
-    library that `multiattn.tuning` timed faster on the running machine for its shape
-    class, once per process and class (``multiattn.tuning.decisions()`` lists the
-    choices). While ``torch.compile`` or ``torch.jit`` traces the call, nothing is timed
-    and the projection is PyTorch's own ``einsum``.
+    Which one is faster depends on the CPU (docs/benchmarks.md has runs on several). By
+    default (``None``, and ``MULTIATTN_TORCH_ONEDNN`` unset, empty or ``auto``) each
+    product runs on PyTorch's own ``einsum`` (its BLAS); under
+    ``settings(autotune=True)`` each product of a projection (forward, and the two of its
+    backward pass) runs on the library that `multiattn.tuning` timed faster on the
+    running machine for its shape class, once per process and class
+    (``multiattn.tuning.decisions()`` lists the choices). While ``torch.compile`` or
+    ``torch.jit`` traces the call, nothing is timed and the projection is PyTorch's own
+    ``einsum``.
 
     ``True`` forces oneDNN for every product, ``False`` PyTorch's own ``einsum`` (its
     BLAS), without timing anything. ``None`` forgets the value set here: the environment
     variable ``MULTIATTN_TORCH_ONEDNN`` (``1``, ``true``, ``yes`` or ``on`` force oneDNN;
-    ``0``, ``false``, ``no`` or ``off`` force BLAS; ``auto`` or empty measure; read once),
-    else measurement, applies again. A `settings` block overrides it in its scope. Read
+    ``0``, ``false``, ``no`` or ``off`` force BLAS; ``auto`` or empty: the default; read once),
+    else the default, applies again. A `settings` block overrides it in its scope. Read
     when a projection runs (or is traced). The two
     libraries compute the same product and differ only by rounding (a few units in the
     last place), so two processes that measured differently agree to float32 rounding,
@@ -494,14 +484,6 @@ def get_compiled_loop() -> bool:
     ``generate`` runs its tokens in one compiled loop on jax and TensorFlow."""
     value = _scoped.get().get("compiled_loop")
     return True if value is None else value
-
-
-def get_decode_threads() -> int | None:
-    """The innermost `settings` value of ``decode_threads`` (how many loops greedy
-    ``generate`` runs side by side where its loop is compiled, at most one per row), or
-    None where none is set: one loop per core or one per row, as measured
-    (`multiattn.tuning.decode_loops`)."""
-    return _scoped.get().get("decode_threads")
 
 
 def get_autotune() -> bool:

@@ -99,8 +99,6 @@ from ._checks import _static_dim
 __all__ = [
     "ATTENTION_FLOP_CAP",
     "CHUNK_MIN_BYTES",
-    "DECODE_DEFAULT_LOOPS",
-    "DECODE_MIN_WEIGHT_BYTES",
     "FLOP_CAP",
     "ISA_FLAGS",
     "MARGIN",
@@ -116,7 +114,6 @@ __all__ = [
     "cpu_info",
     "decide",
     "decisions",
-    "decode_loops",
     "describe_decision",
     "describe_decisions",
     "device_of",
@@ -250,7 +247,6 @@ def decide(
     sync: Callable[[Any], Any] | None = None,
     margin: float = 0.0,
     prefer: Sequence[str] = (),
-    hold_lock: bool = True,
 ) -> str:
     """The name of the faster candidate for ``op`` on ``shape_class``, timed once per
     process and class.
@@ -275,11 +271,6 @@ def decide(
         prefer: candidates in order of preference among those that tie: where the
             fallback does not keep the class, the first of ``prefer`` whose median is
             within ``margin`` of the lowest is taken instead of the fastest.
-        hold_lock: whether the candidates are timed holding the decisions' lock (one
-            thread times a class while the others wait for its decision). False for
-            candidates that start threads of their own which make other decisions
-            (`decode_loops`): those threads would wait for the lock their caller holds.
-            Two threads may then time one class; the first decision stored is kept.
 
     A candidate that raises drops out; if all do, ``fallback`` is taken and recorded.
     """
@@ -294,7 +285,7 @@ def decide(
             if key not in _DECISIONS and key not in _FALLBACKS:
                 _FALLBACKS[key] = Decision(op, key[1], fallback, how, reason=why)
         return fallback
-    with _LOCK if hold_lock else contextlib.nullcontext():
+    with _LOCK:
         found = _DECISIONS.get(key)
         if found is not None:
             return found.choice
@@ -1256,57 +1247,3 @@ def _sync(backend: str, device: str | None) -> Callable[[Any], Any] | None:
 
         return lambda out: torch.cuda.synchronize()
     return None
-
-
-#: Weights below which `decode_loops` keeps one loop
-#: per core, untimed: timing compiles the decoding loop again and runs it 14 times or
-#: more, seconds that a small model's ``generate`` would not win back.
-DECODE_MIN_WEIGHT_BYTES = 4 << 20
-#: How many loops greedy decoding runs side by side (at most one per row) where nothing
-#: forces a count and autotune is off (`decode_loops`).
-DECODE_DEFAULT_LOOPS = 1
-
-
-def decode_loops(
-    run: Callable[[int], Any],
-    batch: int,
-    shape_class: Mapping[str, Any],
-    weight_bytes: Callable[[], int],
-) -> int:
-    """How many compiled loops greedy decoding (jax, TensorFlow) runs side by side, each
-    in a thread of its own over a group of rows: ``settings(decode_threads=n)`` if set (at
-    most one per row); else, off a CPU (``shape_class["device"]``), one; else, with
-    autotune off, `DECODE_DEFAULT_LOOPS`; else (``settings(autotune=True)``) one per core
-    this process may run on (`multiattn.config.process_cores`) where the batch has no
-    more rows than that, or one per core against one per row, timed once per shape class
-    (the caller's fields, the cores and the weights' bytes, ``weight_bytes()``, asked for
-    only here) by ``run(count)``: the caller's own tokens after its prompt passes, calls
-    and threads included. One loop reads every weight once per step for all its rows;
-    loops side by side read them once each, which pays only where a step is bound by
-    something else than memory traffic (small models; docs/decoding.md has the paired
-    runs). Models under `DECODE_MIN_WEIGHT_BYTES` keep one loop per core untimed; one
-    loop per core is kept unless one per row is faster by more than `MARGIN`. The
-    candidates start threads that make decisions of their own, so they are timed without
-    the decisions' lock (`decide`'s ``hold_lock``)."""
-    forced = config.get_decode_threads()
-    if shape_class.get("device", "cpu") != "cpu":
-        return min(forced or 1, batch)  # loops side by side share a CPU's cores
-    cores = config.process_cores()
-    if forced is None and not config.get_autotune():
-        return min(DECODE_DEFAULT_LOOPS, batch)
-    if forced is not None or batch <= cores:
-        return min(forced or cores, batch)
-    # the weights' exact bytes: two architectures of one class and size (GPT-2 and Llama
-    # shapes, both `CausalLM`) differ in where a step's time goes
-    size = weight_bytes()
-    cls = {**shape_class, "cores": cores, "weights": size}
-    reason = f"weights under {DECODE_MIN_WEIGHT_BYTES >> 20} MiB: one loop per core, untimed"
-
-    def candidates() -> tuple[dict[str, Callable[[], Any]], str]:
-        fns = {str(n): functools.partial(run, n) for n in (cores, batch)}
-        return fns, "the call's own new tokens, after its prompt passes"
-
-    choice = decide("decode-loops", cls, candidates, fallback=str(cores),
-                    measurable=size >= DECODE_MIN_WEIGHT_BYTES, reason=reason,
-                    margin=MARGIN, hold_lock=False)  # fmt: skip
-    return int(choice)

@@ -7,19 +7,13 @@ Sampling (temperature, top-k and top-p) is done in NumPy float64 on the last pos
 logits, with a NumPy generator seeded by ``seed``, in a Python loop over the compiled
 step. Greedy decoding on jax and TensorFlow runs all its steps in one compiled loop
 (`GenerationMixin._greedy`), the argmax included; elsewhere the Python loop takes the
-argmax in NumPy. Both loops give the same tokens. Where the loop is compiled, greedy
-decoding splits the batch's rows into groups decoded side by side in threads
-(`GenerationMixin._group_count`, ``settings(decode_threads=...)``).
+argmax in NumPy. Both loops give the same tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import functools
 import inspect
-import itertools
-import math
 from typing import Any
 
 import keras
@@ -28,7 +22,6 @@ import optree
 from keras import layers as _keras_layers  # Keras' own, also in the Paddle twins
 
 from .._namespace import cache_kept_axes, cache_scope, enter_cache_scope, owned_caches
-from .._threads import kept_pool
 from ..ops.attention import all_finite
 
 __all__ = ["GenerationMixin", "choose_tokens"]
@@ -181,75 +174,6 @@ def _finite(caches: Any) -> bool:
     overflowing sum of finite values only keeps the screen on)."""
     finite = all_finite(keras.ops, tuple(keras.tree.flatten(caches)))
     return bool(keras.ops.convert_to_numpy(finite))
-
-
-#: How many groups of rows `GenerationMixin._decode` runs side by side now (1 outside it).
-_GROUPS: contextvars.ContextVar[int] = contextvars.ContextVar("multiattn_groups", default=1)
-
-
-#: No bound on `_in_threads`' pool: a call that waited for a thread would wait for calls
-#: that may themselves be waiting for its result.
-_UNBOUNDED = 1 << 20
-
-
-def _side_by_side(fn, count: int):
-    """``fn`` run ``count`` times at once, in threads of their own (as `_decode` runs its
-    groups); ``fn`` itself for one."""
-    if count == 1:
-        return fn
-
-    return functools.partial(_in_threads, [fn] * count)
-
-
-def _in_threads(calls: list) -> list:
-    """The results of ``calls`` (zero-argument callables) run side by side, each in a
-    thread of its own that runs in a copy of the caller's context (its `settings` and
-    `owned_caches` blocks); a single call runs in the caller's thread. The threads are
-    kept from call to call (`multiattn._threads.kept_pool`); the pool starts another
-    whenever none is idle, so calls made inside these threads run side by side too."""
-    if len(calls) == 1:
-        return [calls[0]()]
-    pool = kept_pool("decode", _UNBOUNDED)
-    runs = [pool.submit(contextvars.copy_context().run, call) for call in calls]
-    return [run.result() for run in runs]
-
-
-def _window(tree: Any, first_row: Any, rows: int) -> Any:
-    """``rows`` consecutive rows from ``first_row`` of every array in ``tree`` (each has
-    the batch first); other leaves (the prompt length) as they are. ``first_row`` may be a
-    tensor, ``rows`` is a Python int: traced, one trace serves every group of that size."""
-
-    def cut(x):
-        if not np.ndim(x):
-            return x
-        # the starts share one integer dtype (JAX, with 64-bit ints enabled too)
-        zeros = (first_row * 0,) * (np.ndim(x) - 1)
-        return keras.ops.slice(x, (first_row, *zeros), (rows, *x.shape[1:]))
-
-    return keras.tree.map_structure(cut, tree)
-
-
-def _bytes_of(arrays: list) -> int:
-    """The bytes of ``arrays`` (tensors, variables), from their shapes and dtypes alone:
-    with NumPy's ``prod`` per array, a model's weights took 0.8 ms (jax, GPT-2 shape), time
-    that holds Python's lock while the other loops' threads wait."""
-    return sum(math.prod(a.shape) * _itemsize(str(a.dtype)) for a in arrays)
-
-
-@functools.cache
-def _itemsize(dtype: str) -> int:
-    return np.dtype(keras.backend.standardize_dtype(dtype)).itemsize
-
-
-def _joined(outs: list, pad: int) -> np.ndarray:
-    """Groups' tokens, one above the other: a group whose rows all ended stopped early
-    (only with end ids, hence a pad id) and is filled with ``pad``."""
-    width = max(out.shape[1] for out in outs)
-    return np.concatenate([
-        o if o.shape[1] == width
-        else np.pad(o, ((0, 0), (0, width - o.shape[1])), constant_values=pad)
-        for o in outs
-    ], axis=0)  # fmt: skip
 
 
 def _without_unit_axes(caches: Any) -> Any:
@@ -420,129 +344,30 @@ class GenerationMixin:
         return keras.backend.backend() if isinstance(self, _keras_layers.Layer) else None
 
     def _decode(self, ids, mask, new, options, eos, pad) -> np.ndarray:
-        """The batch decoded in one loop (`_decode_rows`); greedy in the compiled loop (jax,
-        TensorFlow), in as many compiled loops side by side as `_group_count` gives, each
-        over a group of rows: the prompt passes in at most one group per core
-        (`_prefills`), then each prompt group's rows shared out among its part of the
-        loops (`_loops`). The prompt passes are made once per call, also where
-        `_group_count` times the loops on them."""
-        from .. import config
-
-        if options["do_sample"] or self._compiled_loop() is None:
-            return self._decode_rows(ids, mask, new, options, eos, pad)
-        made: dict[int, tuple] = {}
-
-        def decoded(count: int) -> np.ndarray:
-            groups = min(count, config.process_cores())
-            if groups not in made:
-                made[groups] = self._prefills(ids, mask, new, groups)
-            return self._loops(made[groups], count, new, options, eos, pad)
-
-        return decoded(self._group_count(ids, new, decoded))
-
-    def _prefills(self, ids, mask, new, groups: int) -> tuple:
-        """The prompt passes (`_begin`) of ``groups`` groups of rows (`_row_groups`), side
-        by side in threads of their own: their results in row order, and whether every
-        cache they filled holds only finite values (`_finite`)."""
-        self._prefill_step()  # made once here, not by each thread
-        with owned_caches(index_checked=True):  # `_check_lengths`
-            begun = _in_threads([
-                functools.partial(self._begin, ids[rows], mask[rows], new)
-                for rows in self._row_groups(ids.shape[0], groups)
-            ])  # fmt: skip
-        return begun, all(_finite(state["caches"]) for _, state, _ in begun)
-
-    def _loops(self, prefills: tuple, count: int, new, options, eos, pad) -> np.ndarray:
-        """The tokens after the prompt passes ``prefills`` (`_prefills`) in ``count``
-        compiled loops side by side, each prompt group's rows shared out among its part
-        of them (`_row_groups`); each loop cuts its rows out of its group's state itself
-        (`_tokens`) and leaves that state as it was, so the same prompt passes serve
-        any number of calls."""
-        begun, finite = prefills
-        # the caches were checked once for NaN and infinities after the prompt: the
-        # steps then skip that screen (`owned_caches`)
-        shares = [g.stop - g.start for g in self._row_groups(count, len(begun))]
-        calls = [
-            functools.partial(self._tokens, logits, state, first, new, options, eos, pad,
-                              *((rows,) if n > 1 else ()))  # one loop: every row
-            for (logits, state, first), n in zip(begun, shares)
-            for rows in self._row_groups(first.shape[0], n)
-        ]  # fmt: skip
-        token = _GROUPS.set(count)  # seen by the threads' copies of the context
-        try:
-            with owned_caches(index_checked=True, values_checked=finite):
-                return _joined(_in_threads(calls), pad)
-        finally:
-            _GROUPS.reset(token)
-
-    @staticmethod
-    def _row_groups(batch: int, count: int) -> list[slice]:
-        """The rows of a batch in ``count`` groups of nearly equal size (at most one per
-        row)."""
-        count = min(count, batch)
-        bounds = [batch * i // count for i in range(count + 1)]
-        return [slice(a, b) for a, b in itertools.pairwise(bounds)]
-
-    def _group_count(self, ids, new, decoded) -> int:
-        """How many compiled loops greedy decoding runs side by side, each in a thread of
-        its own over a group of rows: one per core or one per row, as
-        `multiattn.tuning.decode_loops` measures by ``decoded(count)`` (`_decode`'s
-        loops after its prompt passes) or ``settings(decode_threads=...)`` forces.
-
-        A decoding step reads every cache and weight once per token and does little with
-        each byte: at batch 8 XLA's loop ran at the speed at which one core reads memory,
-        while the second core of the machine stayed idle (PyTorch summed a 64 MB array at
-        28 GB/s on one thread, 56 GB/s on two). Two groups of 4 rows side by side: GPT-2
-        shape, prompt 512, 2.3 to 2.5 against 1.4 to 1.5 ms per token on jax, 2.4 to 2.5
-        against 1.6 to 1.7 on TensorFlow; prefill 207 to 277 against 174 to 179 ms on
-        jax."""
-        from .. import tuning
-
-        cls = {
-            "model": type(self).__name__,
-            "backend": self._backend(),
-            "device": tuning.device_of(self._backend()),
-            "rows": ids.shape[0],
-            "prompt": tuning.bucket(ids.shape[1]),
-            "new": tuning.bucket(new),
-            "dtype": self.dtype_policy.compute_dtype,
-        }
-        return tuning.decode_loops(decoded, ids.shape[0], cls, self._weight_bytes)
-
-    def _weight_bytes(self) -> int:
-        """The bytes of the model's weights (`multiattn.tuning`'s decoding choices are
-        timed only for models of at least `multiattn.tuning.DECODE_MIN_WEIGHT_BYTES`)."""
-        return _bytes_of(self.variables)
-
-    def _decode_rows(self, ids, mask, new, options, eos, pad) -> np.ndarray:
-        """The prompt pass of the whole batch, then its tokens in one loop (`_prefills`,
-        `_loops`), under ``torch.no_grad()`` on torch: generation needs no gradients."""
+        """The prompt pass of the whole batch (`_begin`), then its tokens (`_tokens`),
+        under ``torch.no_grad()`` on torch: generation needs no gradients. The caches
+        are checked once for NaN and infinities after the prompt, so the steps skip that
+        screen (`owned_caches`)."""
         with contextlib.ExitStack() as scope:
             if self._backend() == "torch":
                 import torch
 
                 scope.enter_context(torch.no_grad())
-            return self._loops(self._prefills(ids, mask, new, 1), 1, new, options, eos, pad)
+            with owned_caches(index_checked=True):  # `_check_lengths`
+                logits, state, first = self._begin(ids, mask, new)
+            finite = _finite(state["caches"])
+            with owned_caches(index_checked=True, values_checked=finite):
+                return self._tokens(logits, state, first, new, options, eos, pad)
 
-    def _tokens(self, logits, state, first, new, options, eos, pad, rows=None) -> np.ndarray:
-        """The tokens after the prefill: ``first`` and the new columns; with ``rows`` (a
-        slice), those of these rows of the batch only.
-
-        The compiled loop cuts its rows out of the prompt's state itself (`_greedy`): cut
-        outside, each array would cost an eager slice per group (on TensorFlow a
-        Python-heavy call, during which the other groups' threads wait for the
-        interpreter's lock), and XLA copies the caches it is given on entry anyway."""
+    def _tokens(self, logits, state, first, new, options, eos, pad) -> np.ndarray:
+        """The tokens after the prefill: ``first`` and the new columns, greedy in the
+        compiled loop (`_compiled_loop`) where there is one, else in a Python loop over
+        the compiled step."""
         loop = None if options["do_sample"] else self._compiled_loop()
-        window = ()
-        if rows is not None:  # the first row an array argument: one trace per group size
-            start = np.asarray(rows.start, np.int32)  # NumPy's (a jax array cost 0.17 ms)
-            first, window = first[rows], (start, rows.stop - rows.start)
         if loop is not None:
-            tokens, count = loop(logits, state, new, eos, pad, *window)
+            tokens, count = loop(logits, state, new, eos, pad)
             tokens = keras.ops.convert_to_numpy(tokens)[:, : int(count)]
             return np.concatenate([first, tokens.astype(np.int64)], axis=1)
-        if window:
-            logits, state = _window((logits, state), *window)
         batch = first.shape[0]
         rng, done, out = np.random.default_rng(options["seed"]), np.zeros(batch, bool), [first]
         step = self._compiled_step()
@@ -557,14 +382,11 @@ class GenerationMixin:
             logits = self._advance(step, token, t, state)
         return np.concatenate(out, axis=1)
 
-    def _greedy(self, logits, state, new, eos, pad, first_row=0, rows=None) -> tuple:
+    def _greedy(self, logits, state, new, eos, pad) -> tuple:
         """Greedy decoding after the prefill as one loop of tensor operations (compiled
         whole by `_compiled_loop`): int32 ``(batch, new)`` tokens and the number of
-        columns filled (fewer than ``new`` when every row ended). With ``rows`` (static),
-        of the ``rows`` rows from ``first_row`` (a tensor) of the prefill's batch only."""
+        columns filled (fewer than ``new`` when every row ended)."""
         ops = keras.ops
-        if rows is not None and rows != logits.shape[0]:
-            logits, state = _window((logits, state), first_row, rows)
         stop = ops.convert_to_tensor(np.asarray(eos or (-1,), np.int32))
 
         def choose(logits, done):
@@ -617,7 +439,7 @@ class GenerationMixin:
         kept = self.__dict__.get("_multiattn_loop")
         if kept is None:
             kept = self.__dict__["_multiattn_loop"] = self._compile(
-                self._greedy, static=("new", "eos", "pad", "rows")
+                self._greedy, static=("new", "eos", "pad")
             )
         return kept
 

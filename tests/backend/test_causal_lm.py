@@ -527,13 +527,10 @@ def test_torch_step_that_cannot_be_recorded_runs_eagerly(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("ends", ["none", "one row", "every row"])
-@pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
-def test_compiled_loop_gives_the_python_loop_tokens(tmp_path, ends, threads):
+def test_compiled_loop_gives_the_python_loop_tokens(tmp_path, ends):
     """Greedy generate runs its tokens in one compiled loop on jax and TensorFlow (kept
     on the model); it gives the tokens of the Python loop over the compiled step, end of
-    sequence, padding after it and the early stop when every row has ended included,
-    with the batch in one piece or its rows decoded in two threads (``decode_threads``:
-    with an end in one row, that row's group stops early and is padded)."""
+    sequence, padding after it and the early stop when every row has ended included."""
     from multiattn import config
 
     _build("llama", tmp_path / "m")
@@ -543,7 +540,7 @@ def test_compiled_loop_gives_the_python_loop_tokens(tmp_path, ends, threads):
     eos = {"none": None, "one row": int(greedy[0, 11]),
            "every row": [int(greedy[0, 10]), int(greedy[1, 12])]}[ends]  # fmt: skip
     args = {"attention_mask": mask, "max_new_tokens": 8, "eos_token_id": eos, "pad_token_id": 3}
-    with warnings.catch_warnings(record=True) as caught, config.settings(decode_threads=threads):
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = model.generate(ids, **args)
     assert not [w for w in caught if "donated" in str(w.message)]  # jax: nothing wasted
@@ -567,135 +564,11 @@ def test_compiled_loop_setting_takes_a_bool():
     assert config.get_compiled_loop() is True
 
 
-def test_decode_threads_setting_checks_its_value_and_is_unset_by_default():
+def test_process_cores_counts_the_cores_this_process_may_run_on():
     from multiattn import config
 
-    with pytest.raises(TypeError, match=r"decode_threads.*received 'two'"):
-        with config.settings(decode_threads="two"):
-            pass
-    with pytest.raises(TypeError, match=r"decode_threads.*received True"):
-        with config.settings(decode_threads=True):
-            pass
-    with pytest.raises(ValueError, match=r"decode_threads.*>= 1; received 0"):
-        with config.settings(decode_threads=0):
-            pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert config.process_cores() == max(1, cores)
-    assert config.get_decode_threads() is None  # `tuning.decode_loops` chooses
-    with config.settings(decode_threads=3):
-        assert config.get_decode_threads() == 3
-        with config.settings(decode_threads=None):
-            assert config.get_decode_threads() is None
-
-
-@pytest.mark.parametrize("threads,batch", [(2, 5), (3, 2), (1, 4), (4, 8)])
-def test_rows_are_split_into_nearly_equal_groups_for_the_compiled_loop(
-    tmp_path, monkeypatch, threads, batch
-):
-    """``decode_threads`` groups of nearly equal size (at most one per row) where greedy
-    decoding runs the compiled loop (jax, TensorFlow); one group when sampling and on the
-    other backends, and the groups' tokens are those of the batch decoded in one piece."""
-    from multiattn import config
-
-    _build("gpt2", tmp_path / "m")
-    layer = from_pretrained(tmp_path / "m").layer
-    ids = np.random.default_rng(batch).integers(1, VOCAB, (batch, 4))
-
-    def untimed(count):
-        pytest.fail("a forced number of loops times nothing")
-
-    with config.settings(decode_threads=threads):
-        count = layer._group_count(ids, 3, untimed)
-    groups = layer._row_groups(batch, count)
-    sizes = [g.stop - g.start for g in groups]
-    assert groups[0].start == 0 and groups[-1].stop == batch and sum(sizes) == batch
-    assert len(groups) == min(threads, batch) and max(sizes) - min(sizes) <= 1
-    loops = []
-    tokens = layer._tokens
-    monkeypatch.setattr(layer, "_tokens", lambda *a: loops.append(a[7:]) or tokens(*a))
-    with config.settings(decode_threads=threads):
-        got = layer.generate(ids, max_new_tokens=3)
-        sampled = layer.generate(ids, max_new_tokens=3, do_sample=True, seed=1)
-    if BACKEND in ("jax", "tensorflow"):  # greedy in the compiled loop: in groups
-        assert len(loops) == min(threads, batch) + 1 and loops[-1] == ()
-    else:
-        assert loops == [(), ()]  # one loop in Python, of every row
-    with config.settings(decode_threads=1):
-        np.testing.assert_array_equal(got, layer.generate(ids, max_new_tokens=3))
-        want = layer.generate(ids, max_new_tokens=3, do_sample=True, seed=1)
-    np.testing.assert_array_equal(sampled, want)
-
-
-@pytest.mark.parametrize("ends", ["none", "one row"])
-def test_more_loops_than_cores_share_out_each_prompt_groups_rows(tmp_path, monkeypatch, ends):
-    """With more loops (``decode_threads``) than cores, the prompt passes run in one group
-    per core and each group's rows are shared out among loops of their own (here one
-    core: one prompt pass of 5 rows, then 3 loops); the tokens are those of the batch
-    in one piece, a row that ended early padded as there."""
-    from multiattn import config
-
-    _build("gpt2", tmp_path / "m")
-    model = from_pretrained(tmp_path / "m")
-    ids = np.random.default_rng(5).integers(1, VOCAB, (5, 4))
-    with config.settings(decode_threads=1):
-        plain = model.generate(ids, max_new_tokens=6)
-    eos = None if ends == "none" else int(plain[2, 6])
-    args = {"max_new_tokens": 6, "eos_token_id": eos, "pad_token_id": 3}
-    with config.settings(decode_threads=1):
-        want = model.generate(ids, **args)
-    passes = []
-    begin = model.layer._begin
-    monkeypatch.setattr(
-        model.layer, "_begin", lambda i, m, n: passes.append(i.shape[0]) or begin(i, m, n)
-    )
-    monkeypatch.setattr(config, "process_cores", lambda: 1)
-    with config.settings(decode_threads=3):
-        got = model.generate(ids, **args)
-    np.testing.assert_array_equal(got, want)
-    if BACKEND in ("jax", "tensorflow"):
-        assert passes == [5]
-    if eos is not None:
-        assert (got[2, 7:] == 3).all()
-
-
-def test_more_rows_than_cores_time_one_loop_per_core_against_one_per_row(
-    tmp_path, monkeypatch, autotuned
-):
-    """Unset, ``decode_threads`` with more rows than cores (one core here) times one loop
-    per core against one per row on the call's own decoding after its prompt pass, made
-    once, once per shape class (the weight floor lowered for this tiny model), and the
-    tokens are those of the batch in one piece; under the floor nothing is timed and one
-    loop per core is kept."""
-    from multiattn import config, tuning
-
-    _build("gpt2", tmp_path / "m")
-    model = from_pretrained(tmp_path / "m")
-    ids = np.random.default_rng(3).integers(1, VOCAB, (3, 4))
-    with config.settings(decode_threads=1):
-        want = model.generate(ids, max_new_tokens=5)
-    monkeypatch.setattr(config, "process_cores", lambda: 1)
-    tuning.reset()
-    np.testing.assert_array_equal(model.generate(ids, max_new_tokens=5), want)
-    made = [d for d in tuning.decisions() if d["op"] == "decode-loops"]
-    if BACKEND not in ("jax", "tensorflow"):
-        assert made == []  # one loop in Python: nothing to choose
-        return
-    assert [(d["how"], d["choice"]) for d in made] == [("fallback", "1")]
-    assert "MiB" in made[0]["reason"]
-    monkeypatch.setattr(tuning, "DECODE_MIN_WEIGHT_BYTES", 0)
-    tuning.reset()
-    passes = []
-    begin = model.layer._begin
-    monkeypatch.setattr(
-        model.layer, "_begin", lambda i, m, n: passes.append(i.shape[0]) or begin(i, m, n)
-    )
-    for _ in range(2):
-        np.testing.assert_array_equal(model.generate(ids, max_new_tokens=5), want)
-    assert passes == [3, 3]  # one prompt pass per call: the timing decodes from it
-    made = [d for d in tuning.decisions() if d["op"] == "decode-loops"]
-    assert len(made) == 1 and made[0]["how"] == "measured"
-    assert set(made[0]["median_ms"]) == {"1", "3"} and made[0]["choice"] in ("1", "3")
-    assert made[0]["shape_class"]["rows"] == 3 and made[0]["shape_class"]["cores"] == 1
 
 
 def test_tensorflow_keeps_one_concrete_function_per_argument_signature():
@@ -769,14 +642,13 @@ def test_keras_serialization_round_trip(tmp_path, case):
 
 def test_default_generate_times_nothing_and_runs_one_loop(tmp_path, monkeypatch):
     """Autotune off (the default): greedy ``generate`` takes every choice's default and
-    times nothing, also for a model above the weight floor, and the compiled loop (jax,
-    TensorFlow) runs once over the whole batch; the tokens are those of the Python loop."""
+    times nothing, and decodes the whole batch in one loop; the tokens are those of the
+    Python loop over the step."""
     from multiattn import config, tuning
 
     _build("llama", tmp_path / "m")
     model = from_pretrained(tmp_path / "m")
     ids = np.random.default_rng(5).integers(1, VOCAB, (4, 6))
-    monkeypatch.setattr(tuning, "DECODE_MIN_WEIGHT_BYTES", 0)
     monkeypatch.setattr(tuning, "_measure", lambda *a: pytest.fail("timed a choice"))
     tuning.reset()
     loops = []
