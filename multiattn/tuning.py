@@ -1,12 +1,16 @@
-"""Kernel choices made by measurement on the machine that runs.
+"""Kernel choices: documented defaults, or measured on the machine that runs, when asked.
 
 Where two kernels compute the same thing and which one is faster depends on the CPU
 (whether it has AVX-512 or only AVX2, which BLAS the framework ships, how many cores),
-multiattn does not carry a default measured on some other machine: the first call of a
-*shape class* times the candidates on the running machine and every later call of that
-class takes the faster one. Decisions are kept per process and per shape class (sizes
-rounded up to powers of two, the dtype, the layout of the operands, the thread count),
-behind a lock, so the timing runs once per class however many threads call.
+each choice has a default, the framework's own operation, that depends only on the
+call's static facts (`decide`'s ``fallback``). Timing is opt-in:
+``multiattn.config.settings(autotune=True)`` (or ``MULTIATTN_AUTOTUNE=1``) makes the
+first call of each *shape class* time the candidates on the running machine, and every
+later call of that class takes the faster one. Decisions are kept per process and per
+shape class (sizes rounded up to powers of two, the dtype, the layout of the operands,
+the thread count), behind a lock, so the timing runs once per class however many
+threads call; `save_decisions` writes them to a file and `load_decisions` takes them back
+in another process on the same CPU (``multiattn tune`` makes such a file for a model).
 
 How a decision is timed (`decide`):
 
@@ -29,13 +33,13 @@ How a decision is timed (`decide`):
 * the candidates compute the same product (or the same attention), so whichever wins,
   results agree within the rounding of the dtype.
 
-Choices made this way:
+Choices made this way (each, with autotune off, its fallback):
 
 * ``torch-linear``: a dense projection's matrix product on PyTorch CPU in float32, PyTorch's
-  oneDNN linear operator or its BLAS product (``torch.addmm``). Each of the three products
-  of a projection (forward, and the input and weight gradients of the backward pass) is
-  decided for its own shape. `multiattn.config.set_torch_onednn` (``True``/``False``) or
-  ``MULTIATTN_TORCH_ONEDNN`` (``1``/``0``) force one route; unset, it is measured.
+  oneDNN linear operator or its BLAS product (``torch.addmm``, the default). Each of the
+  three products of a projection (forward, and the input and weight gradients of the
+  backward pass) is decided for its own shape. `multiattn.config.set_torch_onednn`
+  (``True``/``False``) or ``MULTIATTN_TORCH_ONEDNN`` (``1``/``0``) force one route.
 * ``attention``: the backend's fused attention kernel or the core's explicit path, by
   `fused_attention_pays` (float32, equal key and value widths); where nothing can be timed
   (Keras symbolic tensors, ``torch.compile``) the namespace's ``fused_attention_pays``
