@@ -506,7 +506,7 @@ def process_cores() -> int:
 
 def get_torch_onednn() -> bool | None:
     """The projection library setting: ``True`` (oneDNN forced), ``False`` (BLAS forced) or
-    ``None`` (measured per shape class, `multiattn.tuning`): the innermost `settings`
+    ``None`` (the default; measured per shape class under autotune): the innermost `settings`
     value, else the value set by `set_torch_onednn`, else ``MULTIATTN_TORCH_ONEDNN``, else
     None."""
     scoped = _scoped.get().get("torch_onednn")

@@ -265,7 +265,7 @@ def build_torch(cfg: dict, x_np: np.ndarray) -> Framework:
     setting = config.get_torch_onednn()
     fw.info["torch_onednn_projections"] = _torch_matmul.available() and dtype == "float32"
     fw.info["torch_projection_library"] = (
-        "measured per shape class"
+        "PyTorch einsum (default; measured per shape class under autotune)"
         if setting is None
         else ("oneDNN (forced)" if setting else "PyTorch einsum (forced)")
     )
