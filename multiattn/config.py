@@ -175,8 +175,9 @@ def get_block_size() -> tuple[int, int] | None:
 
 
 def reload_environment() -> None:
-    """Read ``MULTIATTN_ATTENTION_MEMORY_BUDGET`` and ``MULTIATTN_TORCH_ONEDNN`` again at
-    their next use (they are otherwise read once per process)."""
+    """Read ``MULTIATTN_ATTENTION_MEMORY_BUDGET``, ``MULTIATTN_TORCH_ONEDNN`` and
+    ``MULTIATTN_AUTOTUNE`` again at their next use (they are otherwise read once per
+    process)."""
     global _environment
     _environment = None
 
@@ -250,18 +251,19 @@ def settings(
         fused_attention: True takes the backend's fused attention kernel wherever the
             call allows it (no weights or dropout wanted, a backend that has one), False
             the explicit softmax wherever the scores fit the attention memory budget
-            (beyond it a streaming path is taken either way); None (the default)
-            measures which is faster on the running machine, once per shape class
+            (beyond it a streaming path is taken either way); None (the default): the
+            namespace's ``fused_attention_pays``, or under ``autotune`` whichever is
+            measured faster on the running machine, once per shape class
             (`multiattn.tuning`).
         blockwise_attention: True takes the blockwise path (exact attention block by
             block with an online softmax, ``docs/long-sequences.md``) wherever the call
             allows it (static lengths, no weights or dropout wanted), with the blocks the
             memory budget gives, also where the scores would fit the budget and where
             PyTorch's kernel streams; False takes it only where the scores exceed the
-            budget; None (the default) does that for eager calls and, for compiled calls
-            (``jax.jit``, ``tf.function``) whose scores fit the budget but take at least
-            ``multiattn.ops.plan.BLOCKWISE_MIN_BYTES`` (32 MiB), measures whether the
-            blockwise path is faster on the running machine, once per shape class
+            budget; None (the default) does that, and under ``autotune``, for compiled
+            calls (``jax.jit``, ``tf.function``) whose scores fit the budget but take at
+            least ``multiattn.ops.plan.BLOCKWISE_MIN_BYTES`` (32 MiB), measures whether
+            the blockwise path is faster on the running machine, once per shape class
             (`multiattn.tuning.blockwise_attention_pays`). A forced ``block_size`` takes
             the blockwise path whatever this says.
         torch_traced_step: on Keras' torch backend, whether ``generate`` runs its
@@ -271,9 +273,9 @@ def settings(
         fused_projections: True computes the query, key and value projections of
             self-attention as one product over the three kernels joined (and the gate
             and up projections of a gated feed-forward layer over their two), False as a
-            product per kernel; None (the default) measures which is faster on the
-            running machine, once per shape class
-            (`multiattn.tuning.fused_projections_pay`).
+            product per kernel; None (the default): a product per kernel, or under
+            ``autotune`` whichever is measured faster on the running machine, once per
+            shape class (`multiattn.tuning.fused_projections_pay`).
         compiled_loop: on jax and TensorFlow, whether greedy ``generate`` runs every
             token after the prompt inside one compiled loop (True, the default; None
             means the default): ``jax.lax.while_loop`` under ``jax.jit``, or
@@ -284,10 +286,10 @@ def settings(
             where the fused kernel is not) runs over at most this many slices of the
             batch in turn: the largest divisor of the batch not above it, so ``8`` runs a
             batch of 6 in 6 slices and a batch of 1 in one piece. 1 runs it in one
-            piece; None (the default) measures the fastest count on the running machine
-            for compiled calls (``jax.jit``, ``tf.function``), once per shape class
-            (`multiattn.tuning.attention_chunks`), and runs eager calls in one piece
-            (except on Paddle, measured there too). A positive int. The slices hold a
+            piece; None (the default): one piece, or under ``autotune`` the fastest
+            count measured on the running machine for compiled calls (``jax.jit``,
+            ``tf.function``) and on Paddle, once per shape class
+            (`multiattn.tuning.attention_chunks`). A positive int. The slices hold a
             smaller score matrix each: on XLA:CPU, whose buffers of a call are fresh
             memory, that is fewer pages for the kernel to hand out and zero on every
             call; TensorFlow runs its slices side by side on its inter-op threads, and
@@ -297,7 +299,7 @@ def settings(
             rematerialised, so the backward pass runs in slices too; TensorFlow's;
             Paddle's); elsewhere one piece. The Paddle document layers
             (`multiattn.backends.paddle`) run their whole computation in at most this
-            many slices (measured when None).
+            many slices (one piece when None, measured under ``autotune``).
         attention_backward: how the explicit attention path (without weights, dropout
             or bias) is differentiated. ``"autodiff"``: by the framework's automatic
             differentiation. ``"recompute"``: by a backward pass of its own
@@ -305,11 +307,10 @@ def settings(
             each row's softmax denominator saved by the forward pass. ``"saved"``: by
             that backward pass reading the weights the forward pass saved (no
             recomputation; the weights are held between the passes, as automatic
-            differentiation holds them). None (the default) measures which is fastest
-            forward and backward on the running machine for compiled calls
-            (``jax.jit``, ``tf.function``), once per shape class
-            (`multiattn.tuning.attention_backward`), and differentiates eager calls
-            automatically. The gradients are equal up to rounding. On jax the own
+            differentiation holds them). None (the default): automatic
+            differentiation, or under ``autotune``, for compiled calls (``jax.jit``,
+            ``tf.function``), whichever is measured fastest forward and backward on the
+            running machine, once per shape class (`multiattn.tuning.attention_backward`). The gradients are equal up to rounding. On jax the own
             backward pass is a ``jax.custom_vjp``: reverse mode (``jax.grad``,
             ``jax.vjp``) works, forward mode (``jax.jvp``, ``jax.jacfwd``,
             ``jax.hessian``) does not, so set ``"autodiff"`` for those.
@@ -440,35 +441,37 @@ def set_torch_onednn(enabled: bool | None) -> None:
 
 def get_fused_attention() -> bool | None:
     """The innermost `settings` value of ``fused_attention``: True (the fused kernel where
-    the call allows it), False (the explicit softmax) or None (measured)."""
+    the call allows it), False (the explicit softmax) or None (the namespace's default; measured under
+    ``autotune``)."""
     return _scoped.get().get("fused_attention")
 
 
 def get_blockwise_attention() -> bool | None:
     """The innermost `settings` value of ``blockwise_attention``: True (the blockwise path
-    wherever the call allows it), False (only over the memory budget) or None (measured
-    for compiled calls within the budget, `multiattn.tuning.blockwise_attention_pays`)."""
+    wherever the call allows it), False (only over the memory budget) or None (only over
+    the budget; under ``autotune`` measured for compiled calls within the budget,
+    `multiattn.tuning.blockwise_attention_pays`)."""
     return _scoped.get().get("blockwise_attention")
 
 
 def get_attention_chunks() -> int | None:
     """The innermost `settings` value of ``attention_chunks``: at most that many slices
-    of the batch for the explicit attention path, or None (measured in compiled calls
-    and on Paddle, one piece in other eager calls)."""
+    of the batch for the explicit attention path, or None (one piece; under ``autotune``
+    measured in compiled calls and on Paddle)."""
     return _scoped.get().get("attention_chunks")
 
 
 def get_attention_backward() -> str | None:
     """The innermost `settings` value of ``attention_backward``: ``"autodiff"``,
     ``"recompute"``, ``"saved"`` (how the explicit attention path is differentiated) or
-    None (measured in compiled calls, automatic differentiation in eager ones)."""
+    None (automatic differentiation; under ``autotune`` measured in compiled calls)."""
     return _scoped.get().get("attention_backward")
 
 
 def get_fused_projections() -> bool | None:
     """The innermost `settings` value of ``fused_projections``: True (one product over
     the joined query, key and value kernels), False (three products) or None
-    (measured)."""
+    (three products; measured under ``autotune``)."""
     return _scoped.get().get("fused_projections")
 
 
