@@ -118,6 +118,7 @@ __all__ = [
     "cpu_info",
     "decide",
     "decisions",
+    "default_chunks",
     "describe_decision",
     "describe_decisions",
     "device_of",
@@ -763,7 +764,40 @@ def attention_chunks(
     # default shape, 8 slices tied with 4 forward and took 168 against 175 ms forward and
     # backward with the own backward pass)
     prefer = [str(c) for c in sorted(counts, reverse=True)]
-    return int(_decide_eagerly("attention-chunks", cls, candidates, "1", measurable, why, prefer))
+    default = str(default_chunks(sizes, cls, how))
+    return int(
+        _decide_eagerly("attention-chunks", cls, candidates, default, measurable, why, prefer)
+    )
+
+
+#: glibc's largest dynamic mapping threshold on 64-bit systems (``DEFAULT_MMAP_THRESHOLD_MAX``,
+#: documented in ``mallopt(3)``): a buffer above it is mapped afresh on every allocation
+#: and handed back to the kernel when freed, so the kernel zeroes its pages on every call.
+MMAP_THRESHOLD_MAX = 32 << 20
+#: The most bytes of scores one slice of `default_chunks` holds: half the threshold.
+SLICE_SCORE_BYTES = MMAP_THRESHOLD_MAX // 2
+
+
+def default_chunks(sizes: tuple, cls: Mapping[str, Any], how: _Compilation) -> int:
+    """The slices of the batch the explicit attention path runs in when nothing is timed
+    (`attention_chunks`' default), from static facts: where XLA compiles the call for a
+    CPU (jax's CPU backend, TensorFlow with XLA) and the C library is glibc (whose
+    allocator XLA:CPU's buffers come from), a score matrix above `MMAP_THRESHOLD_MAX`
+    is cut into the fewest power-of-two slices (dividing the batch, at most 16) whose
+    scores take at most `SLICE_SCORE_BYTES` each, so each slice's buffer is kept by the
+    allocator from call to call; elsewhere one piece. ``sizes`` and ``cls`` are
+    `_attention_class`' (``cls["dtype"]``, ``cls["device"]``)."""
+    b, tq, h, _, tk = sizes[:5]
+    if None in (b, tq, h, tk) or not how.xla or cls["device"] != "cpu":
+        return 1
+    if platform.libc_ver()[0] != "glibc":
+        return 1
+    scores = b * h * tq * tk * (8 if cls["dtype"] == "float64" else 4)
+    if scores <= MMAP_THRESHOLD_MAX:
+        return 1
+    counts = [c for c in (2, 4, 8, 16) if c <= b and b % c == 0]
+    fitting = [c for c in counts if scores // c <= SLICE_SCORE_BYTES]
+    return fitting[0] if fitting else max(counts, default=1)
 
 
 def attention_backward(

@@ -345,3 +345,27 @@ def test_attention_backward_margin_protects_autodiff_except_on_tensorflow(
         margin=tuning.backward_margin(backend),
     )  # fmt: skip
     assert got == choice
+
+
+@pytest.mark.parametrize(
+    ("sizes", "device", "xla", "dtype", "want"),
+    [
+        ((8, 512, 8, 8, 512), "cpu", True, "float32", 4),  # 64 MiB: slices of 16 MiB
+        ((8, 512, 8, 8, 256), "cpu", True, "float32", 1),  # 32 MiB: at the threshold
+        ((8, 512, 8, 8, 512), "cpu", True, "float64", 8),  # 128 MiB
+        ((3, 1024, 16, 16, 1024), "cpu", True, "float32", 1),  # no power of two divides 3
+        ((6, 1024, 16, 16, 1024), "cpu", True, "float32", 2),  # the most slices that divide
+        ((8, 512, 8, 8, 512), "gpu", True, "float32", 1),  # a CPU's allocator only
+        ((8, 512, 8, 8, 512), "cpu", False, "float32", 1),  # not compiled by XLA
+        ((None, 512, 8, 8, 512), "cpu", True, "float32", 1),  # a size unknown
+    ],
+)
+def test_default_chunks_keep_each_slices_scores_under_the_mapping_threshold(
+    monkeypatch, sizes, device, xla, dtype, want
+):
+    monkeypatch.setattr(tuning.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    cls = {"device": device, "dtype": dtype}
+    how = tuning._Compilation(traced=True, xla=xla)
+    assert tuning.default_chunks((*sizes, 64, 64), cls, how) == want
+    monkeypatch.setattr(tuning.platform, "libc_ver", lambda: ("", ""))  # musl, macOS
+    assert tuning.default_chunks((*sizes, 64, 64), cls, how) == 1
