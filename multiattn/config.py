@@ -238,7 +238,8 @@ def settings(
     default) nothing is timed and each choice takes its documented default, the
     framework's own operation: the namespace's ``fused_attention_pays`` for fused or
     explicit attention, the direct path within the memory budget, a product per kernel,
-    one piece, automatic differentiation, and PyTorch's BLAS product for projections.
+    the batch in one piece (in slices only where `multiattn.tuning.default_chunks` says),
+    automatic differentiation, and PyTorch's BLAS product for projections.
 
     Args:
         attention_memory_budget: bytes (an int or a string such as ``"512MiB"``).
@@ -286,8 +287,10 @@ def settings(
             where the fused kernel is not) runs over at most this many slices of the
             batch in turn: the largest divisor of the batch not above it, so ``8`` runs a
             batch of 6 in 6 slices and a batch of 1 in one piece. 1 runs it in one
-            piece; None (the default): one piece, or under ``autotune`` the fastest
-            count measured on the running machine for compiled calls (``jax.jit``,
+            piece; None (the default): `multiattn.tuning.default_chunks` (slices where
+            XLA compiles the call for a CPU and its score matrix exceeds glibc's largest
+            mapping threshold, else one piece), or under ``autotune`` the fastest count
+            measured on the running machine for compiled calls (``jax.jit``,
             ``tf.function``) and on Paddle, once per shape class
             (`multiattn.tuning.attention_chunks`). A positive int. The slices hold a
             smaller score matrix each: on XLA:CPU, whose buffers of a call are fresh
@@ -456,8 +459,8 @@ def get_blockwise_attention() -> bool | None:
 
 def get_attention_chunks() -> int | None:
     """The innermost `settings` value of ``attention_chunks``: at most that many slices
-    of the batch for the explicit attention path, or None (one piece; under ``autotune``
-    measured in compiled calls and on Paddle)."""
+    of the batch for the explicit attention path, or None (`multiattn.tuning.default_chunks`;
+    under ``autotune`` measured in compiled calls and on Paddle)."""
     return _scoped.get().get("attention_chunks")
 
 
