@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("model", help="a Hugging Face folder (from_pretrained)")
     tune.add_argument("--backend", choices=("jax", "torch", "tensorflow", "numpy", "paddle"),
                       help="the Keras backend, or paddle (default: KERAS_BACKEND)")  # fmt: skip
-    tune.add_argument("--batch", type=_positive, default=1)
-    tune.add_argument("--prompt", type=_positive, default=128, help="prompt length")
-    tune.add_argument("--new-tokens", type=_positive, default=32)
+    tune.add_argument("--batch", type=positive_int, default=1)
+    tune.add_argument("--prompt", type=positive_int, default=128, help="prompt length")
+    tune.add_argument("--new-tokens", type=positive_int, default=32)
     tune.add_argument("--out", default="multiattn-tuning.json", help="the file to write")
     if argv is None:
         argv = sys.argv[1:]
@@ -78,10 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a positive integer."""
     value = int(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1; received {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer; received {text}")
     return value
 
 

@@ -121,7 +121,6 @@ __all__ = [
     "default_chunks",
     "describe_decision",
     "describe_decisions",
-    "device_of",
     "fused_attention_pays",
     "fused_projections_pay",
     "load_decisions",
@@ -382,8 +381,7 @@ def save_decisions(path: str | os.PathLike) -> int:
     ``cores``); returns how many were written. ``multiattn tune`` makes such a file."""
     with _LOCK:
         found = [d.as_dict() for d in _DECISIONS.values()]
-    cpu = {k: v for k, v in cpu_info().items() if k in _CPU_KEYS}
-    text = json.dumps({"format": _FILE_FORMAT, "cpu": cpu, "decisions": found}, indent=1)
+    text = json.dumps({"format": _FILE_FORMAT, "cpu": _this_cpu(), "decisions": found}, indent=1)
     pathlib.Path(path).write_text(text + "\n")
     return len(found)
 
@@ -403,7 +401,7 @@ def load_decisions(path: str | os.PathLike, *, any_cpu: bool = False) -> int:
         raise ValueError(f"load_decisions: cannot read {str(path)!r}: {err}") from err
     if not ok:
         raise ValueError(f"load_decisions: {str(path)!r} is not a file of save_decisions.")
-    here = {k: v for k, v in cpu_info().items() if k in _CPU_KEYS}
+    here = _this_cpu()
     if not any_cpu and data.get("cpu") != here:
         raise ValueError(
             f"load_decisions: {str(path)!r} was measured on {data.get('cpu')!r}, not on "
@@ -428,7 +426,13 @@ def _decision_of(d: Mapping[str, Any]) -> Decision:
 
 
 _FILE_FORMAT = "multiattn-decisions-1"
-_CPU_KEYS = ("model", "isa", "cores")
+
+
+def _this_cpu() -> dict[str, Any]:
+    """What a file of `save_decisions` records of the CPU, and `load_decisions` compares:
+    `cpu_info`'s ``model``, ``isa`` and ``cores``."""
+    info = cpu_info()
+    return {k: info[k] for k in ("model", "isa", "cores")}
 
 
 def reset() -> None:
@@ -524,7 +528,7 @@ def _random_tensors(ops: Any, shapes: Sequence[tuple | None], dtype: str, like: 
     `_eager`."""
     rng = np.random.default_rng(0)
     np_dtype = "float64" if dtype == "float64" else "float32"
-    elsewhere = ops.backend == "torch" and device_of(ops.backend, like) not in ("cpu", None)
+    elsewhere = ops.backend == "torch" and _device(ops.backend, like) not in ("cpu", None)
 
     def one(shape: tuple) -> Any:
         t = ops.cast(ops.convert_to_tensor(rng.standard_normal(shape).astype(np_dtype)), dtype)
@@ -548,7 +552,7 @@ def _attention_class(
     dv = _static(value.shape[-1])
     cls = {
         "backend": backend,
-        "device": device_of(backend, query),
+        "device": _device(backend, query),
         "dtype": ops.dtype_name(query),
         "queries": None if tq is None else bucket(tq),
         "keys": None if tk is None else bucket(tk),
@@ -778,6 +782,16 @@ MMAP_THRESHOLD_MAX = 32 << 20
 SLICE_SCORE_BYTES = MMAP_THRESHOLD_MAX // 2
 
 
+@functools.cache
+def _glibc() -> bool:
+    """Whether this process runs on glibc (``confstr(_CS_GNU_LIBC_VERSION)``, which only
+    glibc answers), asked once per process."""
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (AttributeError, ValueError, OSError):  # no confstr, or not that name
+        return False
+
+
 def default_chunks(sizes: tuple, cls: Mapping[str, Any], how: _Compilation) -> int:
     """The slices of the batch the explicit attention path runs in when nothing is timed
     (`attention_chunks`' default), from static facts: where XLA compiles the call for a
@@ -788,9 +802,7 @@ def default_chunks(sizes: tuple, cls: Mapping[str, Any], how: _Compilation) -> i
     allocator from call to call; elsewhere one piece. ``sizes`` and ``cls`` are
     `_attention_class`' (``cls["dtype"]``, ``cls["device"]``)."""
     b, tq, h, _, tk = sizes[:5]
-    if None in (b, tq, h, tk) or not how.xla or cls["device"] != "cpu":
-        return 1
-    if platform.libc_ver()[0] != "glibc":
+    if None in (b, tq, h, tk) or not how.xla or cls["device"] != "cpu" or not _glibc():
         return 1
     scores = b * h * tq * tk * (8 if cls["dtype"] == "float64" else 4)
     if scores <= MMAP_THRESHOLD_MAX:
@@ -1011,7 +1023,7 @@ def fused_projections_pay(
     products.
     """
     backend, dtype = ops.backend, ops.dtype_name(x)
-    device = device_of(backend, x)
+    device = _device(backend, x)
     dims = [_static(d) for d in x.shape]
     widths = tuple(math.prod(_static(d) or 0 for d in k.shape[1:]) for k in kernels)
     rows = None if None in dims else math.prod(dims[:-1])
@@ -1137,7 +1149,7 @@ def _static(n: Any) -> int | None:
     return _static_dim(n)  # None for a symbolic size (JAX shape polymorphism, graphs)
 
 
-def device_of(backend: str | None, x: Any = None) -> str | None:
+def _device(backend: str, x: Any) -> str | None:
     """The device a backend computes on: ``x``'s on torch (``"cpu"``, ``"cuda"``,
     ...), jax's default backend, ``"gpu"`` where TensorFlow sees one, else ``"cpu"``."""
     if backend == "torch":

@@ -363,9 +363,9 @@ def test_attention_backward_margin_protects_autodiff_except_on_tensorflow(
 def test_default_chunks_keep_each_slices_scores_under_the_mapping_threshold(
     monkeypatch, sizes, device, xla, dtype, want
 ):
-    monkeypatch.setattr(tuning.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    monkeypatch.setattr(tuning, "_glibc", lambda: True)
     cls = {"device": device, "dtype": dtype}
     how = tuning._Compilation(traced=True, xla=xla)
     assert tuning.default_chunks((*sizes, 64, 64), cls, how) == want
-    monkeypatch.setattr(tuning.platform, "libc_ver", lambda: ("", ""))  # musl, macOS
+    monkeypatch.setattr(tuning, "_glibc", lambda: False)  # musl, macOS
     assert tuning.default_chunks((*sizes, 64, 64), cls, how) == 1

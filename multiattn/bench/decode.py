@@ -43,8 +43,6 @@ from typing import Any
 
 import numpy as np
 
-from ..tuning import describe_decision
-
 FRAMEWORKS = ("jax", "torch", "tensorflow", "paddle")
 MODELS = ("gpt2", "llama")
 #: ``--decode-size``: the two models' shapes. ``small``: both of width 256, 4 layers
@@ -232,11 +230,6 @@ def _run_worker(framework: str, cfg: dict, folders: dict, tmp: Path) -> dict:
     return {"status": "ran", **json.loads(result_path.read_text())}
 
 
-#: The choices of greedy decoding that `print_decode` lists per framework (loops side by
-#: side).
-_DECODING_CHOICES = ("decode-loops",)
-
-
 def print_decode(section: dict, console: Any) -> None:
     from rich.table import Table
 
@@ -260,10 +253,6 @@ def print_decode(section: dict, console: Any) -> None:
     for fw, info in section["frameworks"].items():
         if info.get("status") != "ran":
             console.print(f"{fw}: {info.get('status')} ({info.get('reason', '')})")
-            continue
-        for decision in info.get("decisions", []):
-            if decision["op"] in _DECODING_CHOICES:
-                console.print(f"{fw}: {describe_decision(decision)}")
 
 
 def write_decode_plot(section: dict, path: Path) -> None:

@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..cli import positive_int
 from .common import (
     MODES,
     attention_flops,
@@ -59,13 +60,6 @@ MEMORY_NOTE = (
 )
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; received {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="multiattn bench",
@@ -75,10 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     shape = p.add_argument_group("shape (default: batch 8, length 512, width 512, 8 heads)")
-    shape.add_argument("--batch", type=_positive)
-    shape.add_argument("--length", type=_positive)
-    shape.add_argument("--width", type=_positive, help="model width E (divisible by --heads)")
-    shape.add_argument("--heads", type=_positive)
+    shape.add_argument("--batch", type=positive_int)
+    shape.add_argument("--length", type=positive_int)
+    shape.add_argument("--width", type=positive_int, help="model width E (divisible by --heads)")
+    shape.add_argument("--heads", type=positive_int)
     shape.add_argument("--dtype", choices=DTYPES, default="float32")
     run = p.add_argument_group("run")
     run.add_argument(
@@ -87,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated subset of {','.join(FRAMEWORKS)} (default: all)",
     )
     run.add_argument(
-        "--repeats", type=_positive, help="timed repeats (default 10; --quick and --long 3)"
+        "--repeats", type=positive_int, help="timed repeats (default 10; --quick and --long 3)"
     )
     run.add_argument(
         "--warmup", type=int, help="untimed calls after the first (compiling) one (default 2)"
@@ -97,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds one repeat lasts at least; short calls are repeated (default 0.05)",
     )
-    run.add_argument("--matmul-size", type=_positive, help="side of the peak matmul (2048)")
+    run.add_argument("--matmul-size", type=positive_int, help="side of the peak matmul (2048)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument(
         "--autotune",
@@ -148,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dec.add_argument("--decode-prompts", help="comma-separated prompt lengths (default 128,512)")
     dec.add_argument("--decode-batches", help="comma-separated batch sizes (default 1,8)")
-    dec.add_argument("--decode-new-tokens", type=_positive,
+    dec.add_argument("--decode-new-tokens", type=positive_int,
                      help="new tokens (default 64; --decode-size real 32)")  # fmt: skip
     dec.add_argument("--decode-size", choices=("small", "real"), default="small",
                      help="small: width-256 models of 4 layers (default); real: GPT-2 small "
