@@ -77,6 +77,16 @@ WORKER_TIMEOUT = float(os.environ.get("MULTIATTN_TEST_WORKER_TIMEOUT", "2700"))
 WORKER_DIRS = {d for d, _ in WORKERS.values()}
 
 
+@pytest.fixture
+def autotuned():
+    """The test's choices timed on the machine (``settings(autotune=True)``); for the
+    workers' tests of timed choices."""
+    from multiattn.config import settings
+
+    with settings(autotune=True):
+        yield
+
+
 def _selected_backends() -> list[str]:
     raw = os.environ.get("MULTIATTN_TEST_BACKENDS", "")
     names = [b.strip() for b in raw.split(",") if b.strip()] or list(BACKENDS)

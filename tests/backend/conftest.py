@@ -29,11 +29,3 @@ if os.environ.get("MULTIATTN_TEST_DIR") == str(Path(__file__).resolve().parent):
     @pytest.fixture(autouse=True)
     def backend():  # replaced by the parametrisation above; kept so every test gets the id
         return BACKEND
-
-    @pytest.fixture
-    def autotuned():
-        """The test's choices timed on the machine (``settings(autotune=True)``)."""
-        from multiattn.config import settings
-
-        with settings(autotune=True):
-            yield

@@ -29,11 +29,3 @@ if IS_PADDLE_WORKER:
     def keras_backend_at_start():
         """``KERAS_BACKEND`` as the worker process received it (None: unset)."""
         return KERAS_BACKEND_AT_START
-
-    @pytest.fixture
-    def autotuned():
-        """The test's choices timed on the machine (``settings(autotune=True)``)."""
-        from multiattn.config import settings
-
-        with settings(autotune=True):
-            yield
