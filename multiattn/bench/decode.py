@@ -7,7 +7,8 @@ folder: a GPT-2-shaped one (learned positions, LayerNorm, GELU) and a Llama-shap
 the sizes `SIZES` gives (``--decode-size``: ``small``, width 256 and 4 layers, or
 ``real``, GPT-2 small and Qwen2-0.5B). With ``--autotune`` every case also runs a second
 multiattn model whose calls are under ``settings(autotune=True)``, side by side with the
-defaults (``multiattn-autotuned``). Each framework runs in a process of its own
+defaults (``multiattn-autotuned``), and each ``--decode-with NAME=VALUE`` one more under
+those settings (``multiattn[NAME=VALUE]``): paired runs of a strategy against the default. Each framework runs in a process of its own
 (``python -m multiattn.bench.decode --worker``): it loads the folders with
 `multiattn.models.from_pretrained` (on Paddle, ``framework="paddle"``) and times
 ``model.generate`` (greedy) for every prompt length and batch, and times transformers'
@@ -146,8 +147,8 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
     for name, prompt, batch in _cases(cfg):
         ids = _inputs(prompt, batch, cfg["seed"])
         runs = {"multiattn": _runner(framework, folders[name], ids)}
-        if cfg.get("autotune"):  # a model of its own: its compiled functions too
-            runs["multiattn-autotuned"] = _runner(framework, folders[name], ids, config)
+        for label, scoped in twins(cfg).items():  # a model each: its compiled functions too
+            runs[label] = _runner(framework, folders[name], ids, config, scoped)
         runs["transformers"] = _transformers_runner(folders[name], ids)
         for n in (1, new):  # compile and warm every shape first
             for fn in runs.values():
@@ -166,13 +167,24 @@ def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
     return {"backend": backend, "rows": rows, "decisions": tuning.decisions()}
 
 
-def _runner(framework: str, folder: str, ids: np.ndarray, tuned: Any = None):
+def twins(cfg: dict) -> dict[str, dict[str, Any]]:
+    """The extra multiattn rows of each case: label -> the `multiattn.config.settings`
+    its calls run under (``--autotune``: ``multiattn-autotuned``; each ``--decode-with``
+    NAME=VALUE[,NAME=VALUE]: ``multiattn[NAME=VALUE,...]``)."""
+    out = {"multiattn-autotuned": {"autotune": True}} if cfg.get("autotune") else {}
+    for scoped in cfg.get("with", []):
+        out["multiattn[" + ",".join(f"{k}={v}" for k, v in scoped.items()) + "]"] = scoped
+    return out
+
+
+def _runner(framework: str, folder: str, ids: np.ndarray, config: Any = None,
+            scoped: dict | None = None):  # fmt: skip
     """multiattn's greedy ``generate`` of the model in ``folder`` on ``ids``, each call
-    under ``settings(autotune=True)`` where ``tuned`` (`multiattn.config`) is given."""
+    under ``config.settings(**scoped)`` where ``scoped`` is given."""
     from multiattn.models import from_pretrained
 
     model = from_pretrained(folder, framework="paddle" if framework == "paddle" else None)
-    scope = functools.partial(tuned.settings, autotune=True) if tuned else contextlib.nullcontext
+    scope = functools.partial(config.settings, **scoped) if scoped else contextlib.nullcontext
 
     def run(n: int) -> Any:
         with scope():

@@ -147,7 +147,37 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--decode-size", choices=("small", "real"), default="small",
                      help="small: width-256 models of 4 layers (default); real: GPT-2 small "
                      "(124 M) and Qwen2-0.5B shapes (default prompts 128, batches 1,8)")  # fmt: skip
+    dec.add_argument("--decode-with", action="append", default=[], metavar="NAME=VALUE,...",
+                     help="also run each case under multiattn.config.settings(NAME=VALUE, ...), "
+                     "side by side with the defaults (repeatable; values: true, false, none, "
+                     "integers or words)")  # fmt: skip
     return p
+
+
+def _settings_arg(parser: argparse.ArgumentParser, raw: str) -> dict[str, Any]:
+    """``--decode-with``'s ``NAME=VALUE,...`` as `multiattn.config.settings` arguments,
+    checked by entering them here."""
+    from .. import config
+
+    words = {"true": True, "false": False, "none": None}
+    scoped: dict[str, Any] = {}
+    for item in (part.strip() for part in raw.split(",") if part.strip()):
+        name, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--decode-with: expected NAME=VALUE; received {item!r}")
+        value = value.strip()
+        scoped[name.strip()] = (
+            words[value.lower()] if value.lower() in words
+            else int(value) if value.isdigit() else value
+        )  # fmt: skip
+    try:
+        with config.settings(**scoped):
+            pass
+    except (TypeError, ValueError) as err:
+        parser.error(f"--decode-with {raw!r}: {err}")
+    if not scoped:
+        parser.error(f"--decode-with: no settings in {raw!r}")
+    return scoped
 
 
 def _int_list(parser: argparse.ArgumentParser, flag: str, raw: str) -> list[int]:
@@ -181,6 +211,7 @@ def decode_config(args: argparse.Namespace, parser: argparse.ArgumentParser, cfg
         "seed": cfg["seed"],
         "size": args.decode_size,
         "autotune": args.autotune,
+        "with": [_settings_arg(parser, v) for v in args.decode_with],
         "timeout": 3600.0,
     }  # fmt: skip
 

@@ -7,7 +7,6 @@ from typing import Any
 import keras
 import numpy as np
 
-from .. import config, tuning
 from .._checks import (
     check_positive_int,
     check_rank,
@@ -123,8 +122,7 @@ def project(ops: Any, x: Any, dense: Any, dtype: str, contract: int = 1) -> Any:
     """``dense(x)`` for a sublayer whose kernel is ``(*k, *n)`` (``k`` the ``contract``
     trailing axes of ``x``) and whose bias is ``(*n)`` or None: for a `plain_dense`
     sublayer and ``x`` in ``dtype``, `ops.linear` on its kernel and bias (one matrix
-    product with the bias inside, on oneDNN or BLAS on torch CPU, as measured), then its
-    activation; else the sublayer called (quantized, LoRA, another dtype)."""
+    product with the bias inside), then its activation; else the sublayer called (quantized, LoRA, another dtype)."""
     if not plain_dense(dense, dtype) or ops.dtype_name(x) != dtype:
         return call_sublayer(dense, x)
     bias = None if dense.bias is None else ops.cast(dense.bias, dtype)
@@ -132,56 +130,6 @@ def project(ops: Any, x: Any, dense: Any, dtype: str, contract: int = 1) -> Any:
     if dense.activation is not keras.activations.linear:
         y = dense.activation(y)
     return y
-
-
-def fused_linear(ops: Any, x: Any, kernels: list, biases: list) -> list:
-    """``[ops.linear(x, k, b) for k, b in zip(kernels, biases)]`` computed as one product:
-    the kernels ``(E, ...)`` flattened and joined along their output columns (the biases
-    likewise; all given or all None), then the product's columns split and shaped back.
-    ``x`` ``(..., E)`` with static sizes. The same numbers as the separate products up to
-    the rounding of the matrix product's blocking."""
-    width = shape_of(kernels[0])[0]
-    flat = [ops.reshape(k, (width, -1)) for k in kernels]
-    columns = [shape_of(f)[1] for f in flat]
-    bias = None
-    if biases[0] is not None:
-        bias = ops.concatenate([ops.reshape(b, (-1,)) for b in biases], axis=0)
-    y = ops.linear(x, ops.concatenate(flat, axis=1), bias)
-    lead = list(shape_of(y)[:-1])
-    outs, start = [], 0
-    for kernel, n in zip(kernels, columns):
-        part = ops.slice(y, [*([0] * len(lead)), start], [*lead, n])
-        outs.append(ops.reshape(part, tuple(lead) + tuple(shape_of(kernel)[1:])))
-        start += n
-    return outs
-
-
-def project_joined(ops: Any, x: Any, denses: tuple, dtype: str, kind: str) -> list | None:
-    """The outputs of the sublayers ``denses`` on one input ``x`` ``(..., E)``: separate
-    products, or one product over their kernels joined (`fused_linear`), whichever
-    `multiattn.tuning.fused_projections_pay` measured faster on the running machine for
-    this shape class (its decision named ``kind``: ``"fused-qkv"``, ``"fused-gate-up"``);
-    the ``fused_projections`` setting of `multiattn.config` forces one. None (the caller
-    projects one by one) unless every sublayer is `plain_dense` without an activation and
-    ``x`` is in ``dtype``. Inputs of unknown size (symbolic) take separate products."""
-    if ops.dtype_name(x) != dtype or not all(
-        plain_dense(d, dtype) and d.activation is keras.activations.linear for d in denses
-    ):
-        return None
-    kernels = [ops.cast(d.kernel, dtype) for d in denses]
-    biases = [None if d.bias is None else ops.cast(d.bias, dtype) for d in denses]
-    if _joins(ops, x, kernels, biases, kind):
-        return fused_linear(ops, x, kernels, biases)
-    return [ops.linear(x, k, b) for k, b in zip(kernels, biases)]
-
-
-def _joins(ops: Any, x: Any, kernels: list, biases: list, kind: str) -> bool:
-    if len({b is None for b in biases}) != 1 or None in shape_of(x):
-        return False
-    setting = config.get_fused_projections()
-    if setting is not None:
-        return setting
-    return tuning.fused_projections_pay(ops, x, kernels, biases, fused_linear, kind)
 
 
 def fresh_initializer(init: Any) -> Any:

@@ -13,7 +13,6 @@ from ..ops.activations import check_activation
 from ._base import (
     block_initializers,
     project,
-    project_joined,
     static_width,
     sublayer_initializers,
 )
@@ -38,11 +37,8 @@ class FeedForward(keras.layers.Layer):
     ``(width, hidden_dim)``, and ``down``, kernel ``(hidden_dim, output_dim)``; with
     ``use_bias`` each has a bias over its output features. The activation is applied by
     `multiattn.ops.activation`, not by the sublayers. Plain float sublayers are computed
-    as one matrix product each with the bias inside (the namespace's ``linear``: oneDNN
-    or BLAS on torch CPU, whichever measured faster), not by the sublayers' einsum; the
-    gate and up products are joined into one where that measured faster
-    (`multiattn.layers._base.project_joined`, decision ``fused-gate-up``). Quantized or
-    LoRA sublayers are called.
+    as one matrix product each with the bias inside (the namespace's ``linear``), not by
+    the sublayers' einsum. Quantized or LoRA sublayers are called.
 
     Args:
         hidden_dim: width of the hidden layer (``intermediate_size`` in Hugging Face
@@ -133,10 +129,7 @@ class FeedForward(keras.layers.Layer):
         if self.gate is None:
             hidden = apply_activation(project(ops, x, self.up, dtype), self.activation)
         else:
-            pair = (self.gate, self.up)
-            gate, up = project_joined(ops, x, pair, dtype, "fused-gate-up") or [
-                project(ops, x, d, dtype) for d in pair
-            ]
+            gate, up = (project(ops, x, d, dtype) for d in (self.gate, self.up))
             hidden = apply_activation(gate, self.activation) * up
         return project(ops, hidden, self.down, dtype)
 

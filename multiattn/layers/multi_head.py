@@ -43,7 +43,6 @@ from ._base import (
     keras_mask_of,
     plain_dense,
     project,
-    project_joined,
     seed_generator,
 )
 from .rotary import RotaryEmbedding, check_offset
@@ -716,14 +715,9 @@ class MultiHeadAttention(keras.layers.Layer):
         return project(ops, x, dense, self.compute_dtype, contract)
 
     def _project_self(self, ops: Any, x: Any) -> tuple[Any, Any, Any]:
-        """Self-attention: the query, key and value projections of one input, as three
-        products or as one over the three kernels joined, whichever measured faster
-        (`multiattn.layers._base.project_joined`, decision ``fused-qkv``)."""
+        """Self-attention: the query, key and value projections of one input."""
         dense = (self._query_dense, self._key_dense, self._value_dense)
-        outs = project_joined(ops, x, dense, self.compute_dtype, "fused-qkv")
-        if outs is None:
-            outs = [self._project(ops, x, d) for d in dense]
-        return tuple(outs)
+        return tuple(self._project(ops, x, d) for d in dense)
 
     def _gate(self, ops: Any, query: Any) -> Any:
         return self._project(ops, query, self._gate_dense) if self.use_gate else None
