@@ -43,10 +43,9 @@ import paddle  # noqa: E402
 if "keras" not in sys.modules and "KERAS_BACKEND" not in os.environ:
     os.environ["KERAS_BACKEND"] = "numpy"
 
-from .. import config, tuning  # noqa: E402
+from .. import config  # noqa: E402
 from .. import ops as core  # noqa: E402
 from .._namespace import framework_of, get_ops, register_namespace  # noqa: E402
-from ..ops.plan import largest_divisor  # noqa: E402
 
 __all__ = ["FILL_VALUE", "DotProductAttention", "MultiHeadAttention", "PaddleNamespace"]
 
@@ -187,24 +186,24 @@ class _DocumentAttention(paddle.nn.Layer):
         return _in_slices(compute, args, self._batch_slices(compute, args, flops))
 
     def _batch_slices(self, compute: Any, args: tuple, flops: int) -> int:
-        """How many slices of the batch the layer runs in, on the running machine.
+        """How many slices of the batch the layer runs in: one piece, unless the tuner in
+        force (`multiattn.config.tuner`) says otherwise.
 
         Why it depends on the machine: Paddle's CPU kernels, its matrix products
         included, run on one thread, so a layer in one piece uses one core; slices run
         side by side use the others, for the cost of starting them (and smaller score
-        matrices, which stay in cache). ``settings(attention_chunks=n)`` forces at most
-        ``n`` slices. Otherwise 1, 2, 4, 8 and 16 slices (those dividing the batch) are
-        timed forward on the call's own inputs, once per process and class (the layer
-        type, dtype, device, batch, ``query_size`` rounded up to a power of two, the
-        widths, the heads, the threads of the pool); one piece keeps the class unless
-        another count is more than `multiattn.tuning.MARGIN` faster, and counts that tie
-        go to the fewest. Not timed (one piece): calls under `SLICE_MIN_FLOPS`."""
+        matrices, which stay in cache). ``settings(autotune=Fixed(attention_chunks=n))``
+        gives at most ``n`` slices. Under ``autotune=True``, 1, 2, 4, 8 and 16 slices
+        (those dividing the batch) are timed forward on the call's own inputs, once per
+        process and class (the layer type, dtype, device, batch, ``query_size`` rounded
+        up to a power of two, the widths, the heads, the threads of the pool); one piece
+        keeps the class unless another count is more than `multiattn.tuning.MARGIN`
+        faster, and counts that tie go to the fewest. Not timed (one piece): calls under
+        `SLICE_MIN_FLOPS`."""
         batch = int(args[0].shape[0])
-        forced = config.get_attention_chunks()
-        if forced is not None:
-            return largest_divisor(batch, forced)
         counts = [c for c in (1, 2, 4, 8, 16) if c <= batch and batch % c == 0]
-        if len(counts) == 1:
+        tuner = config.tuner()
+        if tuner is None or len(counts) == 1:
             return 1
         measurable, why = flops >= SLICE_MIN_FLOPS, "a call under SLICE_MIN_FLOPS"
         cls = {
@@ -213,7 +212,7 @@ class _DocumentAttention(paddle.nn.Layer):
             "device": str(args[0].place),
             "dtype": _NS.dtype_name(args[0]),
             "batch": batch,
-            "queries": tuning.bucket(self.query_size),
+            "queries": 1 << max(0, int(self.query_size) - 1).bit_length(),
             **{k: v for k, v in vars(self).items() if k.endswith(("_vec_size", "_num"))},
             "threads": cpu_threads(),
         }
@@ -228,11 +227,7 @@ class _DocumentAttention(paddle.nn.Layer):
 
             return {str(c): timed(c) for c in counts}, f"the call's inputs {_fmt(args[0].shape)}"
 
-        choice = tuning.decide(
-            "paddle-batch-slices", cls, candidates, fallback="1", measurable=measurable,
-            reason=why, margin=tuning.MARGIN, prefer=[str(c) for c in counts],
-        )  # fmt: skip
-        return int(choice)
+        return tuner.batch_slices(cls, candidates, counts, measurable, why)
 
     def _inputs(self, where: str, queries: Any, keys: Any, values: Any) -> tuple[Any, ...]:
         dtype = _NS.dtype_name(self.W_q.weight)

@@ -60,14 +60,12 @@ class Namespace(Protocol):
     #: tokens written. False: every write makes a new cache (a copy of the whole cache).
     writes_in_place: bool = False
     #: `map_batch` is implemented: the core's explicit attention path can run over
-    #: slices of its batch in turn (`multiattn.config.settings` ``attention_chunks``, or
-    #: measured by `multiattn.tuning.attention_chunks` in compiled code). False: it runs
-    #: in one piece.
+    #: slices of its batch in turn (`multiattn.ops.plan.default_chunks`, or measured by
+    #: `multiattn.tuning.attention_chunks` under autotune). False: it runs in one piece.
     maps_batch: bool = False
     #: With `maps_batch`: the slices pay in eager calls too (they run side by side, not
-    #: only in a compiled loop), so `multiattn.tuning.attention_chunks` is timed on
-    #: eager calls as on compiled ones. False: eager calls run in one piece unless
-    #: ``attention_chunks`` is set.
+    #: only in a compiled loop), so under autotune `multiattn.tuning.attention_chunks`
+    #: is timed on eager calls as on compiled ones. False: eager calls run in one piece.
     maps_batch_eagerly: bool = False
     #: Elementwise arithmetic broadcasts an operand over inner axes far more slowly than
     #: it combines operands of one shape (Paddle's CPU kernels). True: where the core
@@ -100,6 +98,13 @@ class Namespace(Protocol):
     def is_symbolic(self, x: Any) -> bool:
         """True when ``x`` has no concrete value (Keras symbolic tensor, JAX tracer,
         TensorFlow graph tensor, Paddle static-graph value)."""
+
+    def xla_device(self, x: Any) -> str | None:
+        """The device kind XLA compiles the computation ``x`` belongs to for (``"cpu"``,
+        ``"gpu"``, ``"tpu"``), or None where XLA does not compile it: a static fact the
+        attention planner's defaults read (`multiattn.ops.plan.default_chunks`). This
+        default: None."""
+        return None
 
     @abstractmethod
     def shape(self, x: Any) -> tuple:

@@ -505,7 +505,7 @@ def torch_trace_guards() -> Iterator[list]:
 
 
 class _TorchNamespace(KerasNamespace):
-    """Keras' torch backend: float64 einsum, the dense projections on oneDNN or BLAS,
+    """Keras' torch backend: float64 einsum, the dense projections as one ``addmm``,
     PyTorch's SDPA called directly, and ``custom_gradient`` as an autograd Function."""
 
     fused_attention_streams = True
@@ -555,56 +555,30 @@ class _TorchNamespace(KerasNamespace):
         return self._ops.einsum(subscripts, *operands)
 
     def linear(self, x: Any, kernel: Any, bias: Any = None, contract: int = 1) -> Any:
-        """`KerasNamespace.linear`, except for float32 CPU tensors where PyTorch has
-        oneDNN: there the product runs as one ``(N, K) @ (K, M)`` matrix product with the
-        bias added inside it, on oneDNN or PyTorch's BLAS, whichever `multiattn.tuning`
-        measured faster for its shape class (or as the ``torch_onednn`` setting of
-        `multiattn.config` forces)."""
-        route = self._route(x, kernel, bias)
-        if route is None:
-            return super().linear(x, kernel, bias, contract)
-        from . import _torch_matmul
-
-        shape = tuple(kernel.shape)
-        k = math.prod(shape[:contract])
-        n = math.prod(shape[contract:])
-        y = _torch_matmul.matmul_bias(
-            x.reshape(-1, k),
-            kernel.reshape(k, n),
-            None if bias is None else bias.reshape(n),
-            route == "measure",
-        )
-        return y.reshape(*x.shape[: x.dim() - contract], *shape[contract:])
-
-    @staticmethod
-    def _route(x: Any, kernel: Any, bias: Any) -> str | None:
-        """How `linear` runs: ``"onednn"`` (forced), ``"measure"`` (each product on the
-        library measured faster) or None (``einsum``: other dtypes and devices, no
-        oneDNN in this PyTorch, BLAS forced, or a compiler tracing the call)."""
-        from . import config
-
-        setting = config.get_torch_onednn()
-        if setting is False:
-            return None
+        """`KerasNamespace.linear` as one ``(N, K) @ (K, M)`` matrix product with the bias
+        added inside it (``torch.addmm``) for float32 CPU tensors; there a tuner in force
+        (`multiattn.config.tuner`) may run it on oneDNN instead
+        (`multiattn.tuning.torch_linear`)."""
         import torch
-
-        from . import _torch_matmul
 
         tensors = [t for t in (x, kernel, bias) if t is not None]
         if not (
-            _torch_matmul.available()
-            and all(isinstance(t, torch.Tensor) for t in tensors)
+            all(isinstance(t, torch.Tensor) for t in tensors)
             and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
             and x.numel() > 0
         ):
-            return None
-        if setting is True:
-            return "onednn"
-        from . import tuning
+            return super().linear(x, kernel, bias, contract)
+        from . import config
 
-        if torch.jit.is_tracing() and not torch.is_grad_enabled():
-            return "measure"  # recorded as BLAS's product (`_torch_matmul._product`)
-        return None if tuning.torch_is_tracing() else "measure"
+        shape = tuple(kernel.shape)
+        k, n = math.prod(shape[:contract]), math.prod(shape[contract:])
+        a, b = x.reshape(-1, k), kernel.reshape(k, n)
+        c = None if bias is None else bias.reshape(n)
+        tuner = config.tuner()
+        y = tuner.linear(a, b, c) if tuner is not None else None
+        if y is None:
+            y = torch.mm(a, b) if c is None else torch.addmm(c, a, b)
+        return y.reshape(*x.shape[: x.dim() - contract], *shape[contract:])
 
     def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
         """``keras.ops.cond``; a concrete ``pred`` picks its branch here, as Keras' torch
@@ -675,6 +649,13 @@ class _JaxNamespace(KerasNamespace):
         """`_xla_cache_write`: a new array eagerly, an update of the buffer itself under
         ``jax.jit`` where ``cache`` is a donated argument."""
         return _xla_cache_write(self._ops, cache, new, index)
+
+    def xla_device(self, x: Any) -> str | None:
+        """jax's default backend (``"cpu"``, ``"gpu"``, ``"tpu"``): XLA compiles every
+        jax computation, eager operations included."""
+        import jax
+
+        return jax.default_backend()
 
     def tanh(self, x: Any) -> Any:
         """``keras.ops.tanh`` that keeps float64 (Keras' jax backend returns float32)."""
@@ -773,6 +754,16 @@ class _TensorFlowNamespace(KerasNamespace):
         ``cache``."""
         return _xla_cache_write(self._ops, cache, new, index)
 
+    def xla_device(self, x: Any) -> str | None:
+        """Inside a graph XLA compiles (``tf.function(jit_compile=True)``, its loops
+        included) while ``x`` is a graph tensor: ``"gpu"`` where TensorFlow sees one, else
+        ``"cpu"``; None elsewhere (eager operations, graphs TensorFlow runs itself)."""
+        if not self.is_symbolic(x) or not _tf_in_xla():
+            return None
+        import tensorflow as tf
+
+        return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+
     def map_batch(
         self, fn: Callable[..., Any], args: Sequence[Any], chunks: int, remat: bool = True
     ) -> Any:
@@ -848,6 +839,16 @@ _KERAS_NAMESPACES: dict[str, type[KerasNamespace]] = {
     "tensorflow": _TensorFlowNamespace,
     "torch": _TorchNamespace,
 }
+
+
+def _tf_in_xla() -> bool:
+    """Whether the TensorFlow graph being built is compiled by XLA."""
+    try:
+        from tensorflow.python.framework import ops as tf_ops
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - TensorFlow's layout changed
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph()))
 
 
 def keras_namespace() -> KerasNamespace:

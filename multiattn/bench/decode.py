@@ -116,7 +116,8 @@ def _paired_ms(runs: dict, new: int, repeats: int) -> dict[str, tuple[float, flo
 
 
 def _cases(cfg: dict) -> list[tuple[str, int, int]]:
-    return [(m, p, b) for m in MODELS for p in cfg["prompts"] for b in cfg["batches"]]
+    models = cfg.get("models") or MODELS
+    return [(m, p, b) for m in models for p in cfg["prompts"] for b in cfg["batches"]]
 
 
 def _case(row: dict, framework: bool = False) -> tuple:

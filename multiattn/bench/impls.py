@@ -252,22 +252,19 @@ def build_torch(cfg: dict, x_np: np.ndarray) -> Framework:
         return lambda: torch.matmul(a, a)
 
     fw.matmul = matmul
-    from multiattn import _torch_matmul
+    from multiattn.tuning import torch_linear
 
-    if _torch_matmul.available() and dtype == "float32":
-        # The second library multiattn's projections may run on (multiattn.tuning).
+    if torch_linear.available() and dtype == "float32":
+        # The second library multiattn's projections may run on under autotune.
 
         def onednn(n: int) -> Callable[[], Any]:
             a = torch.randn(n, n, generator=torch.Generator().manual_seed(1))
-            return lambda: _torch_matmul.onednn(a, a, None)
+            return lambda: torch_linear.onednn(a, a, None)
 
         fw.other_matmuls["oneDNN linear"] = onednn
-    setting = config.get_torch_onednn()
-    fw.info["torch_onednn_projections"] = _torch_matmul.available() and dtype == "float32"
+    fw.info["torch_onednn_projections"] = torch_linear.available() and dtype == "float32"
     fw.info["torch_projection_library"] = (
-        "PyTorch einsum (default; measured per shape class under autotune)"
-        if setting is None
-        else ("oneDNN (forced)" if setting else "PyTorch einsum (forced)")
+        "torch.addmm (default; oneDNN or BLAS measured per shape class under autotune)"
     )
     return fw
 

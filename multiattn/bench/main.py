@@ -147,11 +147,23 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--decode-size", choices=("small", "real"), default="small",
                      help="small: width-256 models of 4 layers (default); real: GPT-2 small "
                      "(124 M) and Qwen2-0.5B shapes (default prompts 128, batches 1,8)")  # fmt: skip
+    dec.add_argument("--decode-models", default="gpt2,llama",
+                     help="comma-separated models of --decode (default gpt2,llama)")  # fmt: skip
     dec.add_argument("--decode-with", action="append", default=[], metavar="NAME=VALUE,...",
                      help="also run each case under multiattn.config.settings(NAME=VALUE, ...), "
                      "side by side with the defaults (repeatable; values: true, false, none, "
                      "integers or words)")  # fmt: skip
     return p
+
+
+def _models_arg(parser: argparse.ArgumentParser, raw: str) -> list[str]:
+    from .decode import MODELS
+
+    models = [m.strip() for m in raw.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown or not models:
+        parser.error(f"--decode-models: expected some of {', '.join(MODELS)}; received {raw!r}")
+    return models
 
 
 def _settings_arg(parser: argparse.ArgumentParser, raw: str) -> dict[str, Any]:
@@ -212,6 +224,7 @@ def decode_config(args: argparse.Namespace, parser: argparse.ArgumentParser, cfg
         "size": args.decode_size,
         "autotune": args.autotune,
         "with": [_settings_arg(parser, v) for v in args.decode_with],
+        "models": _models_arg(parser, args.decode_models),
         "timeout": 3600.0,
     }  # fmt: skip
 

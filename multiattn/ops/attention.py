@@ -36,7 +36,7 @@ import functools
 import math
 from typing import Any, NamedTuple
 
-from .. import config, tuning
+from .. import config
 from .._checks import (
     HALF_DTYPES,
     as_array,
@@ -171,40 +171,7 @@ def attend(
         kv_heads_first,
     )  # fmt: skip
     spec = dataclasses.replace(spec, bias=bias is not None)
-    blockwise = config.get_blockwise_attention()
-    if blockwise is not None:
-        spec = dataclasses.replace(spec, blockwise_faster=blockwise)
-    forced = config.get_fused_attention()
-    if forced is not None:
-        spec = dataclasses.replace(spec, fused_faster=forced)
-    elif plan.wants_timing(spec):
-        spec = dataclasses.replace(
-            spec,
-            fused_faster=tuning.fused_attention_pays(
-                ops, query, key, value, _explicit_unmasked, kv_heads_first
-            ),
-        )
-    chunks = config.get_attention_chunks()
-    if chunks is None and plan.wants_chunk_timing(spec):
-        chunks = tuning.attention_chunks(ops, query, key, value, _explicit_unmasked, kv_heads_first)
-    if chunks is not None:
-        spec = dataclasses.replace(spec, chunks=chunks)
-    backward = config.get_attention_backward()
-    if backward is None and plan.wants_backward_timing(spec):
-        backward = tuning.attention_backward(
-            ops, query, key, value, _explicit_unmasked, _own_backward_unmasked,
-            plan.plan_attention(spec).chunks, kv_heads_first,
-        )  # fmt: skip
-    if backward is not None:
-        spec = dataclasses.replace(spec, backward=backward)
-    if plan.wants_blockwise_timing(spec):
-        run_unmasked = functools.partial(
-            _planned_unmasked, ops, scale=scale, causal=causal, kv_heads_first=kv_heads_first
-        )
-        faster = tuning.blockwise_attention_pays(
-            ops, query, key, value, run_unmasked, spec.effective_causal, kv_heads_first
-        )
-        spec = dataclasses.replace(spec, blockwise_faster=faster)
+    spec = _choices(ops, spec, (query, key, value), kv_heads_first, scale, causal)
     how = plan.plan_attention(spec)
     sizes = tuple(
         s if s is not None else ops.shape(t)[axis]
@@ -414,6 +381,29 @@ def _poison_rows(
     return (out,) if len(results) == 1 else (out, weights)
 
 
+def _choices(
+    ops: Any, spec: plan.AttentionSpec, qkv: tuple, kv_heads_first: bool, scale: Any, causal: bool
+) -> plan.AttentionSpec:
+    """``spec`` with the choices that are not static facts: ``settings(fused_attention=)``
+    forces the fused kernel or the explicit path; the tuner in force
+    (`multiattn.config.tuner`: ``settings(autotune=...)``, or decisions this process
+    holds) fills in the rest; with none, the slices of the batch take
+    `multiattn.ops.plan.default_chunks` and every other choice its plan default."""
+    forced = config.get_fused_attention()
+    if forced is not None:
+        spec = dataclasses.replace(spec, fused_faster=forced)
+    tuner = config.tuner()
+    if tuner is not None:
+        run = functools.partial(
+            _planned_unmasked, ops, scale=scale, causal=causal, kv_heads_first=kv_heads_first
+        )
+        fns = plan.AttentionCandidates(_explicit_unmasked, _own_backward_unmasked, run)
+        return tuner.attention(ops, spec, *qkv, kv_heads_first, fns)
+    if plan.wants_chunks(spec):
+        spec = dataclasses.replace(spec, chunks=plan.default_chunks(spec, ops.xla_device(qkv[0])))
+    return spec
+
+
 def _explicit_unmasked(
     ops: Any, query: Any, key: Any, value: Any, scale: float, kv_heads_first: bool = False
 ) -> Any:
@@ -443,9 +433,28 @@ def _planned_unmasked(
     blockwise: bool,
 ) -> Any:
     """`attend` without a mask other than ``causal``, on the blockwise path or only over
-    the budget (a candidate of `multiattn.tuning.blockwise_attention_pays`)."""
-    with config.settings(blockwise_attention=blockwise):
+    the budget (a candidate of `multiattn.tuning.blockwise_attention_pays`), its other
+    choices those of the tuner in force."""
+    with config.settings(autotune=_GivenBlockwise(config.tuner(), blockwise)):
         return attend(ops, q, k, v, causal=causal, scale=scale, kv_heads_first=kv_heads_first)
+
+
+@dataclasses.dataclass(frozen=True)
+class _GivenBlockwise:
+    """The tuner ``inner`` (`multiattn.config.tuner`), with blockwise or direct given."""
+
+    inner: Any
+    blockwise: bool
+
+    def attention(self, ops: Any, spec: plan.AttentionSpec, *args: Any) -> plan.AttentionSpec:
+        spec = dataclasses.replace(spec, blockwise_faster=self.blockwise)
+        return self.inner.attention(ops, spec, *args) if self.inner is not None else spec
+
+    def linear(self, *args: Any) -> Any:
+        return self.inner.linear(*args) if self.inner is not None else None
+
+    def batch_slices(self, *args: Any) -> int:
+        return self.inner.batch_slices(*args) if self.inner is not None else 1
 
 
 def _own_backward(

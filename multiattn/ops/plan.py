@@ -9,22 +9,24 @@ grouped key/value heads are repeated and which inputs are screened for NaN and
 infinities. Nothing here touches a tensor or imports a framework, so every rule can be
 tested on plain values; ``docs/design.md`` ("The attention planner") tabulates them.
 
-The facts that need tensors are measured by the caller only when the plan depends on
-them, and passed in: whether the fused kernel is faster than the explicit path on this
-machine (`multiattn.tuning.fused_attention_pays`, when `wants_timing`; ``fused_faster``),
-how many slices of the batch the explicit path runs fastest in
-(`multiattn.tuning.attention_chunks`, when `wants_chunk_timing`; ``chunks``), how it
-is differentiated fastest (`multiattn.tuning.attention_backward`, when
-`wants_backward_timing`; ``backward``) and whether the blockwise path is faster than the
-direct one for scores that fit the memory budget
-(`multiattn.tuning.blockwise_attention_pays`, when `wants_blockwise_timing`;
-``blockwise_faster``).
+The choices that depend on the machine are left open in the spec (None) and take their
+defaults here, unless the tuner in force (`multiattn.config.tuner`) fills them in: whether
+the fused kernel is faster than the explicit path (``fused_faster``, where `wants_timing`;
+default: the namespace's ``fused_attention_pays``), how many slices of the batch the
+explicit path runs in (``chunks``, where `wants_chunks`; default: `default_chunks`, a
+static rule), how it is differentiated (``backward``, where `wants_backward_timing`;
+default: automatically) and whether the blockwise path is taken for scores that fit the
+memory budget (``blockwise_faster``, where `wants_blockwise_timing`; default: no).
+`multiattn.tuning` measures them; this module never imports it.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from .._checks import HALF_DTYPES
 from .blockwise import PREFERRED_BLOCK_BYTES, plan_blocks
@@ -32,15 +34,20 @@ from .blockwise import PREFERRED_BLOCK_BYTES, plan_blocks
 __all__ = [
     "BACKWARDS",
     "BLOCKWISE_MIN_BYTES",
+    "MMAP_THRESHOLD_MAX",
+    "SLICE_SCORE_BYTES",
+    "AttentionCandidates",
     "AttentionPlan",
     "AttentionSpec",
     "Backward",
     "Capabilities",
+    "default_chunks",
+    "glibc",
     "largest_divisor",
     "plan_attention",
     "wants_backward_timing",
     "wants_blockwise_timing",
-    "wants_chunk_timing",
+    "wants_chunks",
     "wants_timing",
 ]
 
@@ -128,14 +135,12 @@ class AttentionSpec:
     ``fused_faster``: whether the fused kernel beat the explicit path on this machine
     for this shape class; None where not measured (the namespace's
     ``fused_attention_pays`` then applies). ``chunks``: at most this many slices of the
-    batch for the explicit path to run over in turn (``settings(attention_chunks=...)``,
-    or measured by `multiattn.tuning.attention_chunks`); None: one piece.
+    batch for the explicit path to run over in turn (`default_chunks`, or a tuner's);
+    None: one piece.
     ``backward``: how the explicit path is differentiated, one of `BACKWARDS`
-    (``settings(attention_backward=...)``, or measured by
-    `multiattn.tuning.attention_backward`); None: not decided (automatic).
+    (a tuner's); None: not decided (automatic).
     ``blockwise_faster``: whether the blockwise path beat the direct one on this machine
-    for scores within the memory budget (`multiattn.tuning.blockwise_attention_pays`),
-    or forced by ``settings(blockwise_attention=...)``: True takes the blockwise path
+    for scores within the memory budget (a tuner's): True takes the blockwise path
     wherever the call allows it (static lengths, no weights or dropout), False only over
     the budget; None: not decided (only over the budget).
 
@@ -370,10 +375,10 @@ def wants_blockwise_timing(spec: AttentionSpec) -> bool:
     return BLOCKWISE_MIN_BYTES <= scores <= spec.memory_budget
 
 
-def wants_chunk_timing(spec: AttentionSpec) -> bool:
-    """The explicit path's slices of the batch are to be measured
-    (`multiattn.tuning.attention_chunks`): none were asked for (``chunks`` None), the
-    namespace maps batches, the call is compiled (``traced``: one program runs the
+def wants_chunks(spec: AttentionSpec) -> bool:
+    """The explicit path's slices of the batch are to be chosen (`default_chunks`, or
+    measured by `multiattn.tuning.attention_chunks` under autotune): none were asked for
+    (``chunks`` None), the namespace maps batches, the call is compiled (``traced``: one program runs the
     slices) or the namespace's slices pay eagerly too (``maps_batch_eagerly``: Paddle's
     run side by side; other eager calls run in one piece), the batch is known and above
     1, and the plan is the explicit path without weights or dropout."""
@@ -402,9 +407,60 @@ def wants_backward_timing(spec: AttentionSpec) -> bool:
     )
 
 
+#: glibc's largest dynamic mapping threshold on 64-bit systems (``DEFAULT_MMAP_THRESHOLD_MAX``,
+#: documented in ``mallopt(3)``): a buffer above it is mapped afresh on every allocation
+#: and handed back to the kernel when freed, so the kernel zeroes its pages on every call.
+MMAP_THRESHOLD_MAX = 32 << 20
+#: The most bytes of scores one slice of `default_chunks` holds: half the threshold.
+SLICE_SCORE_BYTES = MMAP_THRESHOLD_MAX // 2
+
+
+@functools.cache
+def glibc() -> bool:
+    """Whether this process runs on glibc (``confstr(_CS_GNU_LIBC_VERSION)``, which only
+    glibc answers), asked once per process."""
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (AttributeError, ValueError, OSError):  # no confstr, or not that name
+        return False
+
+
+def default_chunks(spec: AttentionSpec, xla_device: str | None) -> int:
+    """The slices of the batch the explicit path runs in where nothing is measured, from
+    static facts: where XLA compiles the call for a CPU (``xla_device`` ``"cpu"``, the
+    namespace's ``xla_device``) and the C library is glibc (whose allocator XLA:CPU's
+    buffers come from), a score matrix above `MMAP_THRESHOLD_MAX` is cut into the fewest
+    power-of-two slices (dividing the batch, at most 16) whose scores take at most
+    `SLICE_SCORE_BYTES` each, so that each slice's buffer is kept by the allocator from
+    call to call instead of being mapped and zeroed afresh; elsewhere one piece."""
+    sizes = (spec.batch, spec.heads, spec.queries, spec.keys)
+    if None in sizes or xla_device != "cpu" or not glibc():
+        return 1
+    b, h, tq, tk = sizes
+    scores = b * h * tq * tk * _itemsize(spec)
+    if scores <= MMAP_THRESHOLD_MAX:
+        return 1
+    counts = [c for c in (2, 4, 8, 16) if c <= b and b % c == 0]
+    fitting = [c for c in counts if scores // c <= SLICE_SCORE_BYTES]
+    return fitting[0] if fitting else max(counts, default=1)
+
+
+class AttentionCandidates(NamedTuple):
+    """The core's functions a tuner times for an attention call
+    (`multiattn.tuning.Measured.attention`): ``explicit(ops, q, k, v, scale,
+    kv_heads_first)``, the explicit path without a mask; ``own(ops, q, k, v, scale,
+    chunks, kv_heads_first, backward)``, the same with its own backward pass;
+    ``run(q, k, v, blockwise)``, the call's attention on the direct or the blockwise
+    path."""
+
+    explicit: Callable[..., Any]
+    own: Callable[..., Any]
+    run: Callable[..., Any]
+
+
 def largest_divisor(batch: int, wanted: int) -> int:
     """The largest divisor of ``batch`` not above ``wanted`` (at least 1): the slices of
-    a batch of ``batch`` rows that ``settings(attention_chunks=wanted)`` gives."""
+    a batch of ``batch`` rows that a ``chunks`` of ``wanted`` gives."""
     return max(d for d in range(1, max(1, min(wanted, batch)) + 1) if batch % d == 0)
 
 

@@ -10,12 +10,12 @@ of every order exist), each of its products (forward, input gradient, weight gra
 on oneDNN or on BLAS:
 
 * forced oneDNN (``measure=False``): every product on oneDNN
-  (`multiattn.config.set_torch_onednn` ``True``);
+  (``multiattn.tuning.Fixed(torch_linear="onednn")``);
 * measured (``measure=True``): each product on the library `route` measured faster for its
-  shape class (`multiattn.tuning`).
+  shape class (under autotune).
 
-Imported only by `multiattn._namespace` (and the benchmark) on the torch backend; it
-imports torch.
+Imported by `multiattn.tuning.choices` (and the benchmark) on the torch backend, never by
+the default path; it imports torch.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from . import tuning
+from ._store import bucket, decide
+from ._timing import FLOP_CAP, torch_is_tracing
 
 __all__ = ["available", "blas", "matmul_bias", "onednn", "route"]
 
@@ -90,19 +91,19 @@ def route(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str:
     m = b.shape[1]
     layouts = (_layout(a), _layout(b))
     cls = {
-        "rows": tuning.bucket(n),
-        "in": tuning.bucket(k),
-        "out": tuning.bucket(m),
+        "rows": bucket(n),
+        "in": bucket(k),
+        "out": bucket(m),
         "a": layouts[0],
         "b": layouts[1],
         "bias": bias is not None,
         "dtype": str(a.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
     }
-    tracing = tuning.torch_is_tracing()
+    tracing = torch_is_tracing()
 
     def candidates() -> tuple[dict, str]:
-        rows = min(n, max(64, tuning.FLOP_CAP // max(2 * k * m, 1)))
+        rows = min(n, max(64, FLOP_CAP // max(2 * k * m, 1)))
         gen = torch.Generator().manual_seed(0)
         x = _random(rows, k, layouts[0], gen).to(a.dtype)
         w = _random(k, m, layouts[1], gen).to(a.dtype)
@@ -118,7 +119,7 @@ def route(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str:
         fns = {name: run(fn) for name, fn in _ROUTES.items()}
         return fns, f"({rows}, {k}) @ ({k}, {m})" + (" + bias" if c is not None else "")
 
-    return tuning.decide(
+    return decide(
         "torch-linear",
         cls,
         candidates,
