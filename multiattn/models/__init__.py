@@ -15,7 +15,7 @@
 * `multiattn.models.causal_lm`: `CausalLM`, the decoder-only language model that
   ``from_pretrained`` builds for GPT-2, Llama, Qwen2 and Mistral checkpoints
   (`multiattn.models.hf_causal_lm`: their config options and tensor tables), with
-  ``generate`` through the KV cache (`multiattn.models.generation`).
+  ``generate`` through the KV cache (`multiattn.decoding`).
 * `multiattn.models.t5`: `T5ForConditionalGeneration`, the encoder-decoder built for T5
   checkpoints (`multiattn.models.hf_t5`: config options and tensor table), with
   ``generate`` through the same loop.
@@ -28,8 +28,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = ("bert", "causal_lm", "checkpoint", "generation", "hf_causal_lm",
-               "hf_families", "hf_files", "hf_t5", "pretrained", "t5", "vit")  # fmt: skip
+_SUBMODULES = ("bert", "causal_lm", "checkpoint", "hf_causal_lm", "hf_families", "hf_files",
+               "hf_t5", "pretrained", "t5", "vit")  # fmt: skip
 _NAMES = {"from_pretrained": "pretrained", "PretrainedModel": "pretrained",
           "PretrainedCausalLM": "pretrained", "CausalLM": "causal_lm",
           "T5ForConditionalGeneration": "t5"}  # fmt: skip

@@ -23,10 +23,10 @@ import numpy as np
 
 from .._checks import check_positive_int
 from .._namespace import get_ops
+from ..decoding.generation import GenerationMixin, check_lengths, left_padded_prompt
 from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnlyLayer
 from ..layers._base import call_sublayer
 from .bert import assign_weight
-from .generation import GenerationMixin
 
 __all__ = ["CausalLM"]
 
@@ -225,6 +225,40 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         """One empty KV cache per block (see `TransformerDecoderOnlyLayer.init_cache`)."""
         return [b.init_cache(batch_size, max_length, self.compute_dtype) for b in self.blocks]
 
+    # --- the seams of `multiattn.decoding` (``generate``) -----------------------------
+
+    def _decoding_inputs(self, input_ids, attention_mask, max_new_tokens) -> tuple:
+        """``(ids, mask, new)``: the left-padded prompt as int64 ``(batch, seq)``, its
+        mask as int64 0/1 and the number of new tokens, checked against the context."""
+        ids, mask = left_padded_prompt(input_ids, attention_mask, self.vocab_size)
+        return ids, mask, check_lengths(ids.shape[1], max_new_tokens, self.max_positions)
+
+    def _prefill(self, ids, mask, new, step) -> tuple:
+        """The prompt through ``step`` (`step`'s signature; the strategy's: eager, or
+        compiled with the index static) into caches of ``seq + new`` slots: ``(logits of
+        the last position (batch, vocab), state, ids)``; ``state`` holds the caches, the
+        bool ``(batch, seq + new)`` slots that may be attended, each row's int32 number
+        of real tokens and ``seq``."""
+        batch, seq = ids.shape
+        caches = self.init_caches(batch, seq + new)
+        slots = keras.ops.convert_to_tensor(
+            np.concatenate([mask, np.ones((batch, new), np.int64)], axis=1).astype(bool)
+        )
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        logits, caches = step(ids, positions, caches, 0, slots)
+        lengths = mask.sum(axis=1).astype(np.int32)
+        return logits, {"caches": caches, "slots": slots, "lengths": lengths, "seq": seq}, ids
+
+    def _feed(self, step, token, t, state):
+        """Feed int ``(batch,)`` ``token`` (the ``t``-th new one; both may be traced, in
+        a compiled loop) through ``step`` at slot ``seq + t``; updates ``state["caches"]``
+        and returns the next float ``(batch, vocab)`` logits."""
+        ops = keras.ops
+        positions = ops.expand_dims(ops.convert_to_tensor(state["lengths"]) + t, 1)
+        logits, state["caches"] = step(step_ids(token), positions, state["caches"],
+                                       step_index(state["seq"] + t), state["slots"])  # fmt: skip
+        return logits
+
     def compute_output_shape(self, input_ids_shape, attention_mask_shape=None):
         b, s = input_ids_shape
         return {"logits": (b, s, self.vocab_size), "last_hidden_state": (b, s, self.hidden_size)}
@@ -276,6 +310,18 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         """The neutral weights as NumPy arrays in the variables' dtype."""
         out = {k: np.asarray(keras.ops.convert_to_numpy(v)) for k, v in self._variables().items()}
         return _fuse_qkv(self, out) if self.fused_qkv else out
+
+
+def step_index(index: Any) -> Any:
+    """A step's cache index: a NumPy int32 for a Python int (a Python loop), the int32
+    tensor itself in a compiled loop."""
+    return np.int32(index) if isinstance(index, int) else index
+
+
+def step_ids(token: Any) -> Any:
+    """Int ``(batch,)`` chosen tokens (NumPy or tensor) as the int32 ``(batch, 1)`` ids of
+    a step, a tensor of the model's framework."""
+    return keras.ops.expand_dims(keras.ops.cast(token, "int32"), 1)
 
 
 _QKV = ("query", "key", "value")

@@ -118,7 +118,7 @@ class PretrainedCausalLM(PretrainedModel):
 
     def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> np.ndarray:
         """Greedy or sampled continuation through the KV cache; see
-        `multiattn.models.generation.GenerationMixin.generate` for the options."""
+        `multiattn.decoding.GenerationMixin.generate` for the options."""
         return self.layer.generate(input_ids, attention_mask, **options)
 
 

@@ -11,7 +11,7 @@ and shared by every block; the encoder's buckets are bidirectional, the decoder'
 back only). The decoder's output is scaled by ``d_model ** -0.5`` (unless
 ``scale_output`` is False) and projected onto the shared embeddings (tied).
 
-Generation (`multiattn.models.generation.GenerationMixin`) encodes the prompt once,
+Generation (`multiattn.decoding.GenerationMixin`) encodes the prompt once,
 projects each decoder block's cross-attention keys and values once, and decodes through
 the decoder's self-attention KV cache from ``decoder_start_token_id``.
 """
@@ -25,9 +25,11 @@ import keras
 import numpy as np
 
 from .._checks import check_positive_int
+from ..decoding._checks import check_int
+from ..decoding.generation import GenerationMixin, check_new_tokens, prompt_arrays
 from ..layers import FeedForward, MultiHeadAttention, RMSNormalization
 from .bert import assign_weight
-from .generation import GenerationMixin, _int_or_none, prompt_arrays, step_index, step_token
+from .causal_lm import step_ids, step_index
 
 __all__ = ["T5Attention", "T5Block", "T5ForConditionalGeneration", "relative_buckets"]
 
@@ -205,7 +207,7 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
                   intermediate_size, num_buckets, max_distance)  # fmt: skip
         for name, value in zip(_SIZE_KEYS, values):
             setattr(self, name, check_positive_int(where, name, value))
-        start = _int_or_none("decoder_start_token_id", decoder_start_token_id, 0)
+        start = check_int(where, "decoder_start_token_id", decoder_start_token_id, 0)
         if start is None or start >= vocab_size:
             raise ValueError(
                 f"{where}: `decoder_start_token_id` must be a token id in [0, {vocab_size}); "
@@ -337,18 +339,18 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
         return [b.self_attention.init_cache(batch_size, max_length, self.compute_dtype)
                 for b in self.decoder_blocks]  # fmt: skip
 
-    def _inputs(self, input_ids, attention_mask, max_new_tokens) -> tuple:
-        """The encoder's prompt (any padding pattern, rows with at least one real token)
-        and the number of new decoder tokens."""
+    def _decoding_inputs(self, input_ids, attention_mask, max_new_tokens) -> tuple:
+        """``(ids, mask, new)``: the encoder's prompt as int64 ``(batch, seq)`` (any
+        padding pattern), its int64 0/1 mask and the number of new decoder tokens."""
         ids, mask = prompt_arrays(input_ids, attention_mask, self.vocab_size)
-        new = _int_or_none("max_new_tokens", max_new_tokens)
-        if new is None:
-            raise TypeError("generate: `max_new_tokens` must be an int; received None.")
-        return ids, mask, new
+        return ids, mask, check_new_tokens(max_new_tokens)
 
-    def _begin(self, ids, mask, new) -> tuple:
+    def _prefill(self, ids, mask, new, step) -> tuple:
         """Encode once, project the cross-attention keys/values once, then feed
-        ``decoder_start_token_id`` at slot 0."""
+        ``decoder_start_token_id`` at slot 0 of caches of ``new`` slots: ``(logits
+        (batch, vocab), state, start)``, ``start`` the int64 ``(batch, 1)`` start tokens.
+        The start token runs through the eager `step`, not ``step`` (the strategy's
+        prompt step): one token after the eager encoder pass."""
         memory, memory_keep = self.encode(ids, mask)
         cross = [b.cross_attention.project_key_value(memory) for b in self.decoder_blocks]
         start = np.full((ids.shape[0], 1), self.decoder_start_token_id, np.int64)
@@ -357,8 +359,10 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
                                    cross, memory_keep)  # fmt: skip
         return logits, {"caches": caches, "cross": cross, "memory_mask": memory_keep}, start
 
-    def _advance(self, step, token, t, state) -> Any:
-        logits, state["caches"] = step(step_token(token), state["caches"], step_index(t + 1),
+    def _feed(self, step, token, t, state) -> Any:
+        """Feed int ``(batch,)`` ``token`` (the ``t``-th new one) through ``step`` at slot
+        ``t + 1``; updates ``state["caches"]`` and returns the next logits."""
+        logits, state["caches"] = step(step_ids(token), state["caches"], step_index(t + 1),
                                        state["cross"], state["memory_mask"])  # fmt: skip
         return logits
 

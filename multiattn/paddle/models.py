@@ -3,6 +3,8 @@
 * `BertModel` and `BertSentenceEncoder` (`multiattn.models.bert`), `ViTModel`
   (`multiattn.models.vit`), `CausalLM` (`multiattn.models.causal_lm`: GPT-2, Llama,
   Qwen2, Mistral, with ``generate``), `T5ForConditionalGeneration` (`multiattn.models.t5`);
+  their ``generate`` is `multiattn.decoding`'s, through its eager strategy
+  (`multiattn.decoding.EagerLoop`: a Python loop over the eager step, on Paddle);
 * `from_checkpoint`: a sentence-transformers BERT folder as a `BertSentenceEncoder` (what
   `multiattn.models.bert.from_checkpoint` does on Keras), and `set_bert_weights`.
 

@@ -4,8 +4,9 @@ An eager decoding step of a small model spends most of its time in Python (Keras
 dispatch, the layers' checks), not in its tensor operations. `TracedStep` records the
 operations of one step with ``torch.jit.trace``, once per set of input shapes and dtypes,
 and replays the recording for every later step of that shape: the tensor work alone.
-``generate`` uses it on Keras' torch backend (`GenerationMixin._compiled_step`);
-``multiattn.config.settings(torch_traced_step=False)`` keeps the eager step.
+``generate`` uses it on Keras' torch backend (the strategy
+`multiattn.decoding.strategies.TracedLoop`, its default there); ``generate(...,
+strategy="eager")`` keeps the eager step.
 
 What makes a recording replay correctly for other inputs:
 
