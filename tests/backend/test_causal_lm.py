@@ -19,8 +19,6 @@ import keras
 import numpy as np
 import pytest
 from _support import BACKEND, assert_close, rel_err, to_np
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -29,7 +27,8 @@ transformers = pytest.importorskip("transformers")
 
 from _hf_models import build, left_padded_batch  # noqa: E402
 
-from multiattn.models.generation import choose_tokens  # noqa: E402
+from multiattn.decoding import STRATEGIES, CompiledLoop, CompiledStepLoop, Greedy  # noqa: E402
+from multiattn.decoding.strategies import kept_functions  # noqa: E402
 from multiattn.models.pretrained import PretrainedCausalLM, from_pretrained  # noqa: E402
 
 DTYPES = ("float32",) if BACKEND == "numpy" else ("float32", "float64")
@@ -61,6 +60,13 @@ CASES = {
 # float64. transformers computes the rotary angles in float32 even in a float64 model, so
 # the rotary families agree in float64 only to about 1e-6 (GPT-2 to about 1e-15).
 TOL = {"float32": 1e-5, "float64": 1e-12, "float64-rotary": 1e-6}
+#: The decoding strategies this backend runs (`multiattn.decoding.STRATEGIES`).
+RUNNABLE = [n for n, cls in STRATEGIES.items() if cls.backends is None or BACKEND in cls.backends]
+#: The Python loop over the backend's own step: XLA's on jax and TensorFlow, the recorded
+#: one on torch, the eager one elsewhere.
+PYTHON_LOOP = {"jax": "compiled_step", "tensorflow": "compiled_step", "torch": "traced"}.get(
+    BACKEND, "eager"
+)
 
 
 def _build(case: str, path):
@@ -156,32 +162,6 @@ def test_sampling_is_seeded_and_filtered(tmp_path, filters):
     assert any(not np.array_equal(o, first) for o in others)
 
 
-@settings(max_examples=30, deadline=None)
-@given(
-    batch=st.integers(1, 3),
-    vocab=st.integers(2, 12),
-    top_k=st.one_of(st.none(), st.integers(1, 12)),
-    top_p=st.one_of(st.none(), st.floats(0.05, 1.0)),
-    seed=st.integers(0, 2**16),
-)
-def test_choose_tokens_respects_filters(batch, vocab, top_k, top_p, seed):
-    logits = np.random.default_rng(seed).normal(size=(batch, vocab)) * 3
-    options = {"do_sample": True, "temperature": 0.7, "top_k": top_k, "top_p": top_p}
-    token = choose_tokens(logits, options, np.random.default_rng(seed))
-    assert token.shape == (batch,)
-    p = np.exp(logits / 0.7)
-    for row, t in zip(p, token):
-        kept = np.argsort(-row, kind="stable")
-        if top_k is not None:
-            kept = kept[:top_k]
-        if top_p is not None:
-            q = row[kept] / row[kept].sum()
-            kept = kept[: 1 + int(np.sum(np.cumsum(q)[:-1] < top_p))]
-        assert t in kept
-    greedy = choose_tokens(logits, {**options, "do_sample": False}, None)
-    np.testing.assert_array_equal(greedy, logits.argmax(-1))
-
-
 @pytest.mark.parametrize("case", ["gpt2", "gpt2-untied", "llama-tied", "mistral", "qwen2"])
 def test_save_pretrained_round_trip(tmp_path, case):
     hf = _build(case, tmp_path / "m").float()
@@ -252,16 +232,22 @@ def test_bad_generate_inputs(tmp_path):
         model(input_ids=ids, token_type_ids=ids)
 
 
-def test_compiled_step_matches_eager(tmp_path, monkeypatch):
+@pytest.mark.parametrize("strategy", RUNNABLE)
+def test_every_strategy_samples_the_eager_tokens(tmp_path, strategy):
+    """Sampling through each strategy the backend runs (the default's compiled or
+    recorded step, or the eager one) draws the tokens of the eager step; the compiled
+    loop, which cannot draw, is refused by name."""
     _build("mistral", tmp_path / "m")
     model = from_pretrained(tmp_path / "m")
     ids, mask = _batch()
     args = {"attention_mask": mask, "max_new_tokens": 10, "do_sample": True, "seed": 1}
-    compiled = model.generate(ids, **args)
-    layer = model.layer
-    monkeypatch.setattr(type(layer), "_compiled_step", lambda self: self.step)
-    monkeypatch.setattr(type(layer), "_prefill_step", lambda self: self.step)
-    np.testing.assert_array_equal(model.generate(ids, **args), compiled)
+    if strategy == "compiled":
+        with pytest.raises(ValueError, match=r"strategy.*'compiled'.*compiled_step"):
+            model.generate(ids, **args, strategy=strategy)
+        return
+    want = model.generate(ids, **args, strategy="eager")
+    np.testing.assert_array_equal(model.generate(ids, **args, strategy=strategy), want)
+    np.testing.assert_array_equal(model.generate(ids, **args), want)
 
 
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="compiled on jax and TF")
@@ -277,9 +263,9 @@ def test_prefill_is_compiled_once_and_matches_the_eager_step(tmp_path):
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     slots = np.concatenate([mask, np.ones((2, 3), np.int64)], axis=1).astype(bool)
     with owned_caches():
-        prefill = layer._prefill_step()
+        prefill = CompiledStepLoop().prompt_step(layer)
         got, got_caches = prefill(ids, positions, layer.init_caches(2, 12), 0, slots)
-        assert layer._prefill_step() is prefill
+        assert CompiledLoop().prompt_step(layer) is prefill
     want, want_caches = layer.step(ids, positions, layer.init_caches(2, 12), 0, slots)
     real = mask[:, -1].astype(bool)
     assert_close(to_np(got)[real], to_np(want)[real], "float32", {"float32": 1e-5})
@@ -289,34 +275,29 @@ def test_prefill_is_compiled_once_and_matches_the_eager_step(tmp_path):
 
 
 def test_compiled_step_is_kept_and_follows_new_weights(tmp_path):
-    """The compiled step is made once for later generate calls; after the weights change
-    the generated tokens (of the compiled loop on jax and TensorFlow) are those of the
-    new weights in the eager step: the compiled functions read the weights as arguments
-    or variables, not as constants of their trace."""
-    from multiattn import config
-
+    """The compiled (jax, TensorFlow) or recorded (torch) functions are made once and
+    kept on the model for later generate calls; after the weights change the generated
+    tokens of the default strategy and of the Python loop over the backend's step are
+    those of the new weights in the eager step: the kept functions read the weights as
+    arguments or variables, not as constants of their trace."""
     _build("llama", tmp_path / "m")
     model = from_pretrained(tmp_path / "m")
     ids, mask = _batch()
-    first = model.generate(ids, attention_mask=mask, max_new_tokens=6)
-    step = model.layer._compiled_step()
-    model.generate(ids, attention_mask=mask, max_new_tokens=6)
-    assert model.layer._compiled_step() == step
+    args = {"attention_mask": mask, "max_new_tokens": 6}
+    first = model.generate(ids, **args)
+    model.generate(ids, **args, strategy=PYTHON_LOOP)
+    kept = dict(kept_functions(model.layer))
+    assert bool(kept) == (BACKEND != "numpy")
+    model.generate(ids, **args)
+    model.generate(ids, **args, strategy=PYTHON_LOOP)
+    assert kept_functions(model.layer) == kept  # the very same functions
     rng = np.random.default_rng(3)
     for w in model.layer.weights:
         w.assign(rng.standard_normal(tuple(w.shape)).astype(w.dtype) * 0.3)
-    again = model.generate(ids, attention_mask=mask, max_new_tokens=6)
-    layer = model.layer
-    eager = type(layer)._decode.__get__(layer)
-    original = type(layer)._compiled_step
-    try:
-        type(layer)._compiled_step = lambda self: self.step
-        with config.settings(compiled_loop=False):
-            want = eager(*_decode_args(ids, mask, 6))
-    finally:
-        type(layer)._compiled_step = original
-    np.testing.assert_array_equal(again, want)
-    assert not np.array_equal(again, first)
+    want = model.generate(ids, **args, strategy="eager")
+    np.testing.assert_array_equal(model.generate(ids, **args), want)
+    np.testing.assert_array_equal(model.generate(ids, **args, strategy=PYTHON_LOOP), want)
+    assert not np.array_equal(want, first)
 
 
 def _large_copies(hlo: str, shapes: list) -> list:
@@ -350,34 +331,32 @@ def test_compiled_loop_copies_no_cache(tmp_path, case, batch):
     _build(case, tmp_path / "m")
     layer = from_pretrained(tmp_path / "m").layer
     ids = np.random.default_rng(0).integers(1, VOCAB, (batch, 6))
+    strategy = CompiledLoop()
     with owned_caches(index_checked=True):
-        logits, state, _ = layer._begin(ids, np.ones_like(ids), 5)
+        logits, state, _ = layer._prefill(ids, np.ones_like(ids), 5, strategy.prompt_step(layer))
         with owned_caches(index_checked=True, values_checked=True):
-            hlo = layer._compiled_loop().optimized_hlo(logits, state, 5, (), None)
+            hlo = strategy.loop(layer, Greedy()).optimized_hlo(logits, state, 5, (), None)
     assert " while(" in hlo
     shapes = [tuple(c.shape) for c in keras.tree.flatten(state["caches"])]
     assert shapes and not _large_copies(hlo, shapes), _large_copies(hlo, shapes)
 
 
-@pytest.mark.parametrize("compiled_loop", [True, False])
-def test_nan_in_masked_cache_slots_changes_no_token(tmp_path, compiled_loop):
+@pytest.mark.parametrize("strategy", RUNNABLE)
+def test_nan_in_masked_cache_slots_changes_no_token(tmp_path, strategy):
     """The pad token's embedding set to NaN puts NaN keys and values in the padded
     (masked) slots of the caches: generate then keeps the attention's screen on (its
     check after the prompt fails) and gives the tokens of the same model with a finite
-    pad embedding, in the compiled loop and in the Python loop."""
-    from multiattn import config
-
+    pad embedding, through every strategy the backend runs."""
     _build("llama", tmp_path / "m")
     model = from_pretrained(tmp_path / "m")
     assert not model.layer.tied
     ids, mask = _batch()
-    with config.settings(compiled_loop=compiled_loop):
-        want = model.generate(ids, attention_mask=mask, max_new_tokens=6)
-        word = to_np(model.layer.word).copy()
-        word[0] = np.nan  # id 0 is the pad of the second row
-        model.layer.word.assign(word)
-        got = model.generate(ids, attention_mask=mask, max_new_tokens=6)
-    np.testing.assert_array_equal(got, want)
+    args = {"attention_mask": mask, "max_new_tokens": 6, "strategy": strategy}
+    want = model.generate(ids, **args)
+    word = to_np(model.layer.word).copy()
+    word[0] = np.nan  # id 0 is the pad of the second row
+    model.layer.word.assign(word)
+    np.testing.assert_array_equal(model.generate(ids, **args), want)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the traced step is torch's")
@@ -385,11 +364,10 @@ def test_nan_in_masked_cache_slots_changes_no_token(tmp_path, compiled_loop):
 @pytest.mark.parametrize("case", ["gpt2", "llama3", "mistral"])
 def test_torch_traced_step_matches_the_eager_step(tmp_path, case, fused):
     """generate on torch replays a recorded step (one recording per shape, kept across
-    calls); it gives the eager step's tokens, and settings(torch_traced_step=False) runs
-    the eager step. The attention path is forced (measured, it depends on the machine's
+    calls); it gives the tokens of strategy="eager", which runs the eager step. The attention path is forced (measured, it depends on the machine's
     load): the fused kernel's screen of the query is a branch the recording guards."""
     from multiattn import config
-    from multiattn.models.torch_step import TracedStep
+    from multiattn.decoding.torch_step import TracedStep
 
     _build(case, tmp_path / "m")
     model = from_pretrained(tmp_path / "m")
@@ -398,7 +376,7 @@ def test_torch_traced_step_matches_the_eager_step(tmp_path, case, fused):
     with config.settings(fused_attention=fused):
         traced = model.generate(ids, **args)
         model.generate(ids, **args)
-        step = model.layer._compiled_step()
+        step = kept_functions(model.layer)["traced"]
         assert isinstance(step, TracedStep) and len(step._recordings) == 1
         recordings = list(step._recordings.values())
         assert all(r is not None for r in recordings)
@@ -407,9 +385,8 @@ def test_torch_traced_step_matches_the_eager_step(tmp_path, case, fused):
         # the new keys and values are written into the caches, not selected over a copy
         graph = str(recordings[0][0].inlined_graph)
         assert graph.count("aten::index_copy_") == 2 * model.layer.num_layers
-        with config.settings(torch_traced_step=False):
-            assert model.layer._compiled_step() == model.layer.step
-            eager = model.generate(ids, **args)
+        eager = model.generate(ids, **args, strategy="eager")
+        assert kept_functions(model.layer)["traced"] is step
     np.testing.assert_array_equal(traced, eager)
 
 
@@ -420,17 +397,18 @@ def test_torch_traced_step_records_with_either_projection_library(tmp_path, oned
     AMD EPYC); torch.jit.trace cannot record oneDNN's operator, so a recording takes BLAS
     whatever was measured or forced, and the step is recorded, not run eagerly."""
     from multiattn import config
+    from multiattn.tuning import Fixed
 
     _build("llama3", tmp_path / "m")
     model = from_pretrained(tmp_path / "m")
     ids, mask = _batch()
-    with config.settings(torch_onednn=onednn), warnings.catch_warnings():
+    library = Fixed(torch_linear="onednn" if onednn else "blas")
+    with config.settings(autotune=library), warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # "could not be recorded"
         traced = model.generate(ids, attention_mask=mask, max_new_tokens=5)
-        recordings = list(model.layer._compiled_step()._recordings.values())
+        recordings = list(kept_functions(model.layer)["traced"]._recordings.values())
         assert recordings and all(r is not None for r in recordings)
-        with config.settings(torch_traced_step=False):
-            eager = model.generate(ids, attention_mask=mask, max_new_tokens=5)
+        eager = model.generate(ids, attention_mask=mask, max_new_tokens=5, strategy="eager")
     np.testing.assert_array_equal(traced, eager)
 
 
@@ -451,9 +429,9 @@ def test_kept_step_follows_a_changed_setting(tmp_path):
     args = {"attention_mask": mask, "max_new_tokens": 6}
     tokens = {}
     for fused in (True, False):
-        with config.settings(fused_attention=fused, compiled_loop=False):
-            tokens[fused] = model.generate(ids, **args)
-    step = model.layer._compiled_step()
+        with config.settings(fused_attention=fused):
+            tokens[fused] = model.generate(ids, **args, strategy=PYTHON_LOOP)
+    step = kept_functions(model.layer)["traced" if BACKEND == "torch" else "step"]
     if BACKEND == "torch":
         recordings = {key[-1]: r for key, r in step._recordings.items()}
         assert len(recordings) == 2
@@ -470,8 +448,7 @@ def test_kept_step_follows_a_changed_setting(tmp_path):
                 caches = layer.init_caches(batch, seq + 4)
                 hlo[fused] = step.optimized_hlo(one, one * seq, caches, np.int32(seq), slots)
         assert hlo[True] != hlo[False]
-    with config.settings(torch_traced_step=False, compiled_loop=False):
-        eager = model.generate(ids, **args)
+    eager = model.generate(ids, **args, strategy="eager")
     np.testing.assert_array_equal(tokens[True], eager)
     np.testing.assert_array_equal(tokens[False], eager)
 
@@ -481,7 +458,7 @@ def test_torch_traced_step_guards_the_branch_it_recorded(tmp_path):
     """A replay whose inputs take another branch (a NaN in a masked cache slot: the
     attention's exact path for non-finite inputs) runs the step eagerly: the masked NaN
     has no effect, as in the eager step."""
-    from multiattn.models.torch_step import TracedStep
+    from multiattn.decoding.torch_step import TracedStep
 
     _build("llama", tmp_path / "m")
     layer = from_pretrained(tmp_path / "m").layer
@@ -508,7 +485,7 @@ def test_torch_traced_step_guards_the_branch_it_recorded(tmp_path):
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the traced step is torch's")
 def test_torch_step_that_cannot_be_recorded_runs_eagerly(tmp_path, monkeypatch):
-    from multiattn.models.torch_step import TracedStep
+    from multiattn.decoding.torch_step import TracedStep
 
     _build("gpt2", tmp_path / "m")
     model = from_pretrained(tmp_path / "m")
@@ -519,20 +496,19 @@ def test_torch_step_that_cannot_be_recorded_runs_eagerly(tmp_path, monkeypatch):
         raise RuntimeError("cannot record")
 
     monkeypatch.setattr(torch.jit, "trace", refuse)
-    model.layer.__dict__.pop("_multiattn_step", None)
+    kept_functions(model.layer).pop("traced", None)
     with pytest.warns(RuntimeWarning, match="cannot record"):
         got = model.generate(ids, attention_mask=mask, max_new_tokens=5)
     np.testing.assert_array_equal(got, want)
-    assert isinstance(model.layer._compiled_step(), TracedStep)
+    assert isinstance(kept_functions(model.layer)["traced"], TracedStep)
 
 
 @pytest.mark.parametrize("ends", ["none", "one row", "every row"])
 def test_compiled_loop_gives_the_python_loop_tokens(tmp_path, ends):
     """Greedy generate runs its tokens in one compiled loop on jax and TensorFlow (kept
-    on the model); it gives the tokens of the Python loop over the compiled step, end of
-    sequence, padding after it and the early stop when every row has ended included."""
-    from multiattn import config
-
+    on the model); it gives the tokens of the Python loop over the compiled step and of
+    the eager step, end of sequence, padding after it and the early stop when every row
+    has ended included."""
     _build("llama", tmp_path / "m")
     model = from_pretrained(tmp_path / "m")
     ids, mask = _batch()
@@ -545,23 +521,36 @@ def test_compiled_loop_gives_the_python_loop_tokens(tmp_path, ends):
         got = model.generate(ids, **args)
     assert not [w for w in caught if "donated" in str(w.message)]  # jax: nothing wasted
     compiled = BACKEND in ("jax", "tensorflow")
-    assert ("_multiattn_loop" in model.layer.__dict__) == compiled
-    with config.settings(compiled_loop=False):
-        want = model.generate(ids, **args)
-    np.testing.assert_array_equal(got, want)
+    assert (("loop", "Greedy()") in kept_functions(model.layer)) == compiled
+    for strategy in RUNNABLE:
+        np.testing.assert_array_equal(model.generate(ids, **args, strategy=strategy), got)
     if ends == "every row":
         assert got.shape[1] < ids.shape[1] + 8
 
 
-def test_compiled_loop_setting_takes_a_bool():
-    from multiattn import config
+def test_strategy_argument_is_checked_by_name(tmp_path):
+    """``strategy`` takes None, a name of `STRATEGIES` or a `Strategy`; an unknown name, a
+    strategy of another backend and a non-strategy are refused, naming the argument."""
+    from multiattn.decoding import EagerLoop, TracedLoop
 
-    with pytest.raises(TypeError, match="compiled_loop"):
-        with config.settings(compiled_loop=1):
-            pass
-    with config.settings(compiled_loop=False):
-        assert config.get_compiled_loop() is False
-    assert config.get_compiled_loop() is True
+    _build("gpt2", tmp_path / "m")
+    model = from_pretrained(tmp_path / "m")
+    ids, mask = _batch()
+    args = {"attention_mask": mask, "max_new_tokens": 3}
+    with pytest.raises(ValueError, match=r"`strategy`.*'loop'"):
+        model.generate(ids, **args, strategy="loop")
+    with pytest.raises(TypeError, match=r"`strategy`.*3"):
+        model.generate(ids, **args, strategy=3)
+    with pytest.raises(TypeError, match="`strategy`"):
+        model.generate(ids, **args, strategy=EagerLoop)  # the class, not an object
+    foreign = "compiled" if BACKEND not in ("jax", "tensorflow") else "traced"
+    with pytest.raises(ValueError, match=f"`strategy`='{foreign}' runs on .*{BACKEND}"):
+        model.generate(ids, **args, strategy=foreign)
+    if BACKEND != "torch":
+        with pytest.raises(ValueError, match="torch"):
+            model.generate(ids, **args, strategy=TracedLoop())
+    want = model.generate(ids, **args)
+    np.testing.assert_array_equal(model.generate(ids, **args, strategy=EagerLoop()), want)
 
 
 def test_process_cores_counts_the_cores_this_process_may_run_on():
@@ -580,7 +569,7 @@ def test_tensorflow_keeps_one_concrete_function_per_argument_signature():
         pytest.skip("TensorFlow's dispatch")
     import tensorflow as tf
 
-    from multiattn.models.generation import _signature
+    from multiattn.decoding.compiled import signature as _signature
 
     def sig(flag=True, x=None, n=5, name="x"):
         return _signature(((flag,), {name: tf.zeros((2, 3)) if x is None else x, "n": n}))
@@ -590,20 +579,6 @@ def test_tensorflow_keeps_one_concrete_function_per_argument_signature():
                   sig(flag=1), sig(name="y"), sig(n=None)):  # fmt: skip
         assert other != sig()
     assert _signature((np.int32(3),)) == _signature((np.int32(4),))
-
-
-def test_traced_step_setting_takes_a_bool():
-    from multiattn import config
-
-    with pytest.raises(TypeError, match="torch_traced_step"):
-        with config.settings(torch_traced_step="yes"):
-            pass
-
-
-def _decode_args(ids, mask, new):
-    options = {"do_sample": False, "temperature": 1.0, "top_k": None, "top_p": None,
-               "seed": None}  # fmt: skip
-    return ids.astype(np.int64), mask.astype(np.int64), new, options, (), None
 
 
 def test_block_key_mask_through_the_cache():
@@ -644,22 +619,23 @@ def test_default_generate_times_nothing_and_runs_one_loop(tmp_path, monkeypatch)
     """Autotune off (the default): greedy ``generate`` takes every choice's default and
     times nothing, and decodes the whole batch in one loop; the tokens are those of the
     Python loop over the step."""
-    from multiattn import config, tuning
+    from multiattn import tuning
+    from multiattn.decoding.strategies import choose_strategy, model_backend
+    from multiattn.tuning import _store
 
     _build("llama", tmp_path / "m")
     model = from_pretrained(tmp_path / "m")
     ids = np.random.default_rng(5).integers(1, VOCAB, (4, 6))
-    monkeypatch.setattr(tuning, "_measure", lambda *a: pytest.fail("timed a choice"))
+    monkeypatch.setattr(_store, "_measure", lambda *a: pytest.fail("timed a choice"))
     tuning.reset()
-    loops = []
-    tokens = model.layer._tokens
-    monkeypatch.setattr(model.layer, "_tokens", lambda *a: loops.append(a[0].shape) or tokens(*a))
+    chosen = type(choose_strategy(model_backend(model.layer), Greedy()))
+    loops, run = [], chosen.run
+    monkeypatch.setattr(chosen, "run", lambda self, *a: loops.append(a[3]) or run(self, *a))
     got = model.generate(ids, max_new_tokens=5)
     assert not [d for d in tuning.decisions() if d["how"] == "measured"]
     assert {d["how"] for d in tuning.decisions()} <= {"default", "fallback"}
-    assert len(loops) == 1
-    with config.settings(compiled_loop=False):  # the Python loop over the step
-        want = model.generate(ids, max_new_tokens=5)
+    assert len(loops) == 1 and loops[0].shape == ids.shape  # the whole batch at once
+    want = model.generate(ids, max_new_tokens=5, strategy="eager")
     np.testing.assert_array_equal(got, want)
 
 

@@ -152,6 +152,27 @@ def test_generate_eos_then_pad_like_transformers(built, loaded):
     assert got[0, 3] == eos and (got[0, 4:] == 7).all()
 
 
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
+def test_every_strategy_gives_the_eager_tokens(loaded, do_sample):
+    """T5 decodes through the same strategies as the decoder-only models
+    (`multiattn.decoding`): each one the backend runs gives the eager step's tokens,
+    with an end id and its padding; the compiled loop takes greedy decoding only."""
+    from multiattn.decoding import STRATEGIES
+
+    model = loaded["gated-gelu"]
+    ids, mask, _ = _batch()
+    args = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": do_sample, "seed": 2}
+    eos = int(model.generate(ids, attention_mask=mask, max_new_tokens=3)[0, 2])
+    want = model.generate(ids, **args, eos_token_id=eos, pad_token_id=5, strategy="eager")
+    for name, cls in STRATEGIES.items():
+        if (cls.backends is not None and BACKEND not in cls.backends) or (
+            do_sample and cls.in_graph_only
+        ):
+            continue
+        got = model.generate(ids, **args, eos_token_id=eos, pad_token_id=5, strategy=name)
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
 def test_save_round_trip_gives_transformers_identical_tensors(built, tmp_path):
     _, path = built["gated-gelu"]
     model = from_pretrained(path)

@@ -158,3 +158,27 @@ def test_paddle_generate_whatever_keras_backend_is_chosen(tmp_path, keras_backen
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_array_equal(np.array(json.loads(proc.stdout.splitlines()[-1])), want)
+
+
+def test_paddle_models_decode_through_the_eager_strategy(tmp_path):
+    """Paddle's models decode through `multiattn.decoding.EagerLoop` (the default there,
+    and ``strategy="eager"``); the compiled and recorded strategies of the Keras backends
+    are refused by name, and sampling is seeded as on Keras."""
+    from multiattn.decoding import EagerLoop, Greedy, choose_strategy
+    from multiattn.decoding.strategies import model_backend
+
+    _build(CAUSAL["qwen2"], tmp_path / "m")
+    model = from_pretrained(tmp_path / "m", framework="paddle")
+    assert model_backend(model.layer) == "paddle"
+    assert type(choose_strategy("paddle", Greedy())) is EagerLoop
+    ids, mask = _batch()
+    args = {"attention_mask": mask, "max_new_tokens": 5}
+    want = model.generate(ids, **args)
+    np.testing.assert_array_equal(model.generate(ids, **args, strategy="eager"), want)
+    for name in ("compiled", "compiled_step", "traced"):
+        with pytest.raises(ValueError, match=f"`strategy`='{name}'.*computes on paddle"):
+            model.generate(ids, **args, strategy=name)
+    sampled = model.generate(ids, **args, do_sample=True, top_k=4, seed=9)
+    np.testing.assert_array_equal(model.generate(ids, **args, do_sample=True, top_k=4, seed=9),
+                                  sampled)  # fmt: skip
+    assert sampled.shape == (2, 14) and sampled.dtype == np.int64
