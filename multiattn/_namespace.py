@@ -62,7 +62,7 @@ def owned_caches(index_checked: bool = False, values_checked: bool = False) -> I
     layers return: a namespace with ``writes_in_place`` writes the new keys and values
     into them (`multiattn._contract.Namespace.write_cache`) instead of making a new cache,
     a copy of the whole cache per call. ``generate`` decodes inside it
-    (`multiattn.models.generation.GenerationMixin`).
+    (`multiattn.decoding.GenerationMixin`).
 
     ``index_checked=True``: the caller has also checked that every cache index it passes
     leaves room for the tokens it writes (``generate`` checks the prompt and
@@ -453,7 +453,7 @@ class _NumpyNamespace(KerasNamespace):
 def cache_kept_axes(shape: Sequence[Any]) -> tuple[int, ...]:
     """The axes of a cache shape ``(B, H_kv, L, D)`` that stay when its batch and head
     axes are dropped where they are 1: what `_xla_cache_write` updates and what
-    ``generate``'s compiled loop carries (`multiattn.models.generation`)."""
+    ``generate``'s compiled loop carries (`multiattn.decoding.compiled`)."""
     return tuple(i for i, n in enumerate(shape) if i > 1 or n != 1)
 
 
@@ -465,7 +465,7 @@ def _xla_cache_write(keras_ops: Any, cache: Any, new: Any, index: Any) -> Any:
 
     At batch one it stays in place only where nothing else takes the cache in another
     shape: ``generate``'s compiled loop carries its caches without their unit axes
-    (`multiattn.models.generation`) and, its caches checked, runs no conditional screen
+    (`multiattn.decoding.compiled`) and, its caches checked, runs no conditional screen
     over them. A select against the positions, which rewrites the whole cache, was the
     faster write while both were in place (0.60 against 0.80 ms per token, GPT-2 shape,
     prompt 128); without them the dynamic update slice is (0.43 against 0.53 ms).
@@ -495,7 +495,7 @@ def torch_trace_guards() -> Iterator[list]:
     """While ``torch.jit.trace`` records inside this block, the torch namespace's ``cond``
     records the branch its predicate takes and appends ``(predicate tensor, taken)`` to
     the yielded list: a replay of the recording is valid for inputs whose predicates
-    take the same branches (the caller checks them, `multiattn.models.torch_step`)."""
+    take the same branches (the caller checks them, `multiattn.decoding.torch_step`)."""
     guards: list = []
     token = _TRACE_GUARDS.set(guards)
     try:
@@ -586,7 +586,7 @@ class _TorchNamespace(KerasNamespace):
 
         While ``torch.jit.trace`` records the call, a Python branch would be recorded as
         taken for every later input. Inside `torch_trace_guards` (how
-        `multiattn.models.torch_step` records), the branch taken is recorded and ``pred``
+        `multiattn.decoding.torch_step` records), the branch taken is recorded and ``pred``
         joins the guards, which the replay checks; elsewhere both branches run and each
         output tensor is selected by ``pred`` (``torch.where``), which the contract
         allows (the branches are pure and return tensors of the same structure and
