@@ -6,7 +6,8 @@ from typing import Any
 
 import keras
 
-from .multi_head import MultiHeadAttention, _positive_int
+from ._mha_checks import positive_int
+from .multi_head import MultiHeadAttention
 
 __all__ = ["GroupQueryAttention", "GroupedQueryAttention"]
 
@@ -74,9 +75,9 @@ class GroupedQueryAttention(MultiHeadAttention):
         **kwargs: Any,
     ):
         where = self._WHERE
-        head_dim = _positive_int(where, "head_dim", head_dim)
-        num_query_heads = _positive_int(where, "num_query_heads", num_query_heads)
-        num_key_value_heads = _positive_int(where, "num_key_value_heads", num_key_value_heads)
+        head_dim = positive_int(where, "head_dim", head_dim)
+        num_query_heads = positive_int(where, "num_query_heads", num_query_heads)
+        num_key_value_heads = positive_int(where, "num_key_value_heads", num_key_value_heads)
         if num_query_heads % num_key_value_heads:
             raise ValueError(
                 f"{where}: `num_query_heads` must be divisible by `num_key_value_heads`; "

@@ -919,13 +919,16 @@ def test_cached_step_attends_over_the_filled_prefix_only(monkeypatch, return_wei
     (the step's cost follows the positions written, not the cache length), with the
     numbers of the masked attention over every slot; the weights of unwritten slots are
     exactly 0."""
+    from functools import partial
+
+    import multiattn.layers._mha_cache as mc
     import multiattn.layers.multi_head as mh
 
     layer = layers.MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2)
     x = cast(rounded(RNG.standard_normal((2, 6, 16)), "float32"), "float32")
     cache = layer.init_cache(2, 32)
     _, cache = layer(x[:, :4], cache=cache, cache_index=0)
-    want = layer._attend_cache  # the masked path, reached with a tensor index below
+    want = partial(mc.attend_cache, layer)  # the masked path, reached with a tensor index below
     seen = []
     real = mh.attend
 
@@ -939,8 +942,8 @@ def test_cached_step_attends_over_the_filled_prefix_only(monkeypatch, return_wei
     ns = get_ops(x)
     q, k, v = layer._project_self(ns, x[:, 4:5])
     q, k = layer._rotate(q, k, 4, 4)
-    k_cache = mh._write(ns, cache[0], k, 4)
-    v_cache = mh._write(ns, cache[1], v, 4)
+    k_cache = mc.write(ns, cache[0], k, 4)
+    v_cache = mc.write(ns, cache[1], v, 4)
     index = ns.convert_to_tensor(np.int32(4))
     masked = want(ns, q, k_cache, v_cache, index, 1, return_weights, False)
     assert seen[-1] == 32
@@ -961,21 +964,21 @@ def test_cache_slice_write_equals_the_select_write(monkeypatch):
     """A known index writes the new tokens by slices, never by the one-hot contraction,
     with the very bits the select write gives; the cache's gradients stay those of the
     full pass (test_cache_step_by_step_equals_full_causal_pass, conformance cache_*)."""
-    import multiattn.layers.multi_head as mh
+    import multiattn.layers._mha_cache as mc
 
     ns = get_ops(cast(np.zeros(1), "float32"))
     cache = cast(rounded(RNG.standard_normal((2, 2, 7, 3)), "float32"), "float32")
     for index, tokens in ((0, 1), (0, 4), (3, 2), (6, 1), (0, 7), (2, 5)):
         new = cast(rounded(RNG.standard_normal((2, tokens, 2, 3)), "float32"), "float32")
         heads_first = ns.transpose(new, (0, 2, 1, 3))
-        want = to_np(mh._write_select(ns, cache, heads_first, ns.convert_to_tensor(index)))
+        want = to_np(mc.write_select(ns, cache, heads_first, ns.convert_to_tensor(index)))
         assert (want[:, :, index : index + tokens] == to_np(heads_first)).all()
-        np.testing.assert_array_equal(to_np(mh._write(ns, cache, new, index)), want)
+        np.testing.assert_array_equal(to_np(mc.write(ns, cache, new, index)), want)
 
     def no_select(*args, **kwargs):
         raise AssertionError("a known cache index went through the select write")
 
-    monkeypatch.setattr(mh, "_write_select", no_select)
+    monkeypatch.setattr(mc, "write_select", no_select)
     layer = layers.MultiHeadAttention(num_heads=2, key_dim=4, num_key_value_heads=1)
     x = cast(rounded(RNG.standard_normal((1, 5, 8)), "float32"), "float32")
     cache = layer.init_cache(1, 8)
