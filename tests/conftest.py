@@ -80,11 +80,14 @@ WORKER_DIRS = {d for d, _ in WORKERS.values()}
 @pytest.fixture
 def autotuned():
     """The test's choices timed on the machine (``settings(autotune=True)``); for the
-    workers' tests of timed choices."""
+    workers' tests of timed choices. The decisions are forgotten afterwards: decisions a
+    process holds apply with autotune off too, and the next test starts without them."""
+    from multiattn import tuning
     from multiattn.config import settings
 
     with settings(autotune=True):
         yield
+    tuning.reset()
 
 
 def _selected_backends() -> list[str]:

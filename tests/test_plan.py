@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from multiattn import _contract
 from multiattn.ops import blockwise
+from multiattn.ops import plan as plan_module
 from multiattn.ops.plan import (
     BLOCKWISE_MIN_BYTES,
     AttentionPlan,
@@ -28,7 +29,7 @@ from multiattn.ops.plan import (
     plan_attention,
     wants_backward_timing,
     wants_blockwise_timing,
-    wants_chunk_timing,
+    wants_chunks,
     wants_timing,
 )
 
@@ -331,8 +332,8 @@ def test_chunks_apply_only_to_the_explicit_path_of_a_namespace_that_maps_batches
     assert plan(**{"batch": 8, "chunks": 4, **kw}).chunks == 1
 
 
-def test_chunk_timing_is_wanted_only_for_compiled_explicit_calls_with_a_batch():
-    assert wants_chunk_timing(spec(batch=8, capabilities=MAPS, traced=True))
+def test_chunks_are_chosen_only_for_compiled_explicit_calls_with_a_batch():
+    assert wants_chunks(spec(batch=8, capabilities=MAPS, traced=True))
     for kw in (
         {"traced": False},
         {"chunks": 2},  # asked for: nothing to measure
@@ -343,17 +344,54 @@ def test_chunk_timing_is_wanted_only_for_compiled_explicit_calls_with_a_batch():
         {"capabilities": NO_FUSED},
         {"block_size": (4, 4)},
     ):
-        assert not wants_chunk_timing(
-            spec(**{"batch": 8, "capabilities": MAPS, "traced": True, **kw})
-        )
+        assert not wants_chunks(spec(**{"batch": 8, "capabilities": MAPS, "traced": True, **kw}))
 
 
-def test_chunk_timing_is_wanted_in_eager_calls_where_the_slices_pay_eagerly():
+def test_chunks_are_chosen_in_eager_calls_where_the_slices_pay_eagerly():
     eager = Capabilities(maps_batch=True, maps_batch_eagerly=True)  # Paddle's
-    assert wants_chunk_timing(spec(batch=8, capabilities=eager, traced=False))
-    assert not wants_chunk_timing(spec(batch=8, capabilities=MAPS, traced=False))
+    assert wants_chunks(spec(batch=8, capabilities=eager, traced=False))
+    assert not wants_chunks(spec(batch=8, capabilities=MAPS, traced=False))
     for kw in ({"chunks": 2}, {"batch": 1}, {"weights": True}):
-        assert not wants_chunk_timing(spec(**{"batch": 8, "capabilities": eager, **kw}))
+        assert not wants_chunks(spec(**{"batch": 8, "capabilities": eager, **kw}))
+
+
+MIB = 1 << 20
+
+
+def test_the_mapping_threshold_is_glibcs_largest():
+    # mallopt(3): DEFAULT_MMAP_THRESHOLD_MAX is 4 * 1024 * 1024 * sizeof(long) on 64-bit
+    assert plan_module.MMAP_THRESHOLD_MAX == 4 * 1024 * 1024 * 8 == 32 * MIB
+    assert plan_module.SLICE_SCORE_BYTES == 16 * MIB
+    assert isinstance(plan_module.glibc(), bool)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "dtype", "device", "want"),
+    [
+        # (batch, heads, queries, keys): scores of batch * heads * queries * keys * 4 bytes
+        ((8, 8, 512, 512), "float32", "cpu", 4),  # 64 MiB: 4 slices of 16 MiB
+        ((8, 8, 512, 512), "float16", "cpu", 4),  # computed in float32: the same bytes
+        ((8, 8, 512, 256), "float32", "cpu", 1),  # 32 MiB: at the threshold, not above
+        ((8, 8, 512, 512), "float64", "cpu", 8),  # 128 MiB: 8 slices of 16 MiB
+        ((16, 8, 512, 1024), "float32", "cpu", 16),  # 256 MiB: 16 slices of 16 MiB
+        ((32, 8, 512, 1024), "float32", "cpu", 16),  # 512 MiB: at most 16 slices
+        ((3, 16, 1024, 1024), "float32", "cpu", 1),  # 192 MiB, no power of two divides 3
+        ((6, 16, 1024, 1024), "float32", "cpu", 2),  # 384 MiB: the most slices dividing 6
+        ((8, 8, 512, 512), "float32", "gpu", 1),  # a CPU's allocator only
+        ((8, 8, 512, 512), "float32", None, 1),  # not compiled by XLA
+        ((None, 8, 512, 512), "float32", "cpu", 1),  # a size unknown
+        ((8, 8, None, 512), "float32", "cpu", 1),
+    ],
+)
+def test_default_chunks_keep_each_slices_scores_under_the_mapping_threshold(
+    monkeypatch, sizes, dtype, device, want
+):
+    b, h, tq, tk = sizes
+    s = spec(batch=b, heads=h, kv_heads=h, queries=tq, keys=tk, dtype=dtype, capabilities=MAPS)
+    monkeypatch.setattr(plan_module, "glibc", lambda: True)
+    assert plan_module.default_chunks(s, device) == want
+    monkeypatch.setattr(plan_module, "glibc", lambda: False)  # musl, macOS
+    assert plan_module.default_chunks(s, device) == 1
 
 
 @pytest.mark.parametrize(

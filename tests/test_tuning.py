@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from multiattn import config, tuning
+from multiattn.tuning import _store
 
 X86 = """\
 processor\t: 0
@@ -103,7 +104,7 @@ def test_decisions_saved_and_loaded(tmp_path, monkeypatch):
     assert loaded["median_ms"] == measured["median_ms"]
 
     other = dict(tuning.cpu_info(), model="another CPU")
-    monkeypatch.setattr(tuning, "cpu_info", lambda: other)
+    monkeypatch.setattr(_store, "cpu_info", lambda: other)
     with pytest.raises(ValueError, match="another CPU"):
         tuning.load_decisions(path)
     assert tuning.load_decisions(path, any_cpu=True) == 1
@@ -183,7 +184,7 @@ class FakeClock:
 )
 def test_the_fallback_keeps_the_class_within_the_margin(monkeypatch, cost_b, margin, choice):
     clock = FakeClock()
-    monkeypatch.setattr(tuning, "_clock", clock)
+    monkeypatch.setattr(_store, "_clock", clock)
 
     def candidates():
         cost = 2.0**-7  # a binary fraction: the fake clock adds it exactly
@@ -204,7 +205,7 @@ def test_the_fallback_keeps_the_class_within_the_margin(monkeypatch, cost_b, mar
 )
 def test_preferred_candidates_win_ties(monkeypatch, costs, choice):
     clock = FakeClock()
-    monkeypatch.setattr(tuning, "_clock", clock)
+    monkeypatch.setattr(_store, "_clock", clock)
     unit = 2.0**-7  # binary fractions: the fake clock adds them exactly
 
     def candidates():
@@ -216,7 +217,7 @@ def test_preferred_candidates_win_ties(monkeypatch, costs, choice):
 
 def test_faster_candidate_wins_and_timing_is_interleaved(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(tuning, "_clock", clock)
+    monkeypatch.setattr(_store, "_clock", clock)
     built = []
 
     def candidates():
@@ -243,7 +244,7 @@ def test_faster_candidate_wins_and_timing_is_interleaved(monkeypatch):
 
 def test_nothing_is_timed_while_tracing(monkeypatch):
     calls = []
-    monkeypatch.setattr(tuning, "_measure", lambda *a: calls.append(1) or ({"x": [1.0]}, {}))
+    monkeypatch.setattr(_store, "_measure", lambda *a: calls.append(1) or ({"x": [1.0]}, {}))
 
     def candidates():
         return {"x": lambda: None}, ""
@@ -270,7 +271,7 @@ def test_nothing_is_timed_while_tracing(monkeypatch):
 
 def test_short_calls_are_repeated_within_a_sample(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(tuning, "_clock", clock)
+    monkeypatch.setattr(_store, "_clock", clock)
     cost = tuning.MIN_SAMPLE_S / 4.5  # five calls per sample
 
     def candidates():
@@ -283,7 +284,7 @@ def test_short_calls_are_repeated_within_a_sample(monkeypatch):
 
 def test_failing_candidates_drop_out(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(tuning, "_clock", clock)
+    monkeypatch.setattr(_store, "_clock", clock)
 
     def broken():
         raise RuntimeError("no kernel for this input")
@@ -331,7 +332,7 @@ def test_attention_backward_margin_protects_autodiff_except_on_tensorflow(
     # the saved weights 3% faster: on TensorFlow they hold what automatic
     # differentiation holds, so nothing untimed argues for keeping it there
     clock = FakeClock()
-    monkeypatch.setattr(tuning, "_clock", clock)
+    monkeypatch.setattr(_store, "_clock", clock)
     unit = 2.0**-7
 
     def candidates():
@@ -347,25 +348,95 @@ def test_attention_backward_margin_protects_autodiff_except_on_tensorflow(
     assert got == choice
 
 
+# --- the tuner that times nothing: Fixed -------------------------------------------------
+
+
 @pytest.mark.parametrize(
-    ("sizes", "device", "xla", "dtype", "want"),
+    ("kw", "error", "name"),
     [
-        ((8, 512, 8, 8, 512), "cpu", True, "float32", 4),  # 64 MiB: slices of 16 MiB
-        ((8, 512, 8, 8, 256), "cpu", True, "float32", 1),  # 32 MiB: at the threshold
-        ((8, 512, 8, 8, 512), "cpu", True, "float64", 8),  # 128 MiB
-        ((3, 1024, 16, 16, 1024), "cpu", True, "float32", 1),  # no power of two divides 3
-        ((6, 1024, 16, 16, 1024), "cpu", True, "float32", 2),  # the most slices that divide
-        ((8, 512, 8, 8, 512), "gpu", True, "float32", 1),  # a CPU's allocator only
-        ((8, 512, 8, 8, 512), "cpu", False, "float32", 1),  # not compiled by XLA
-        ((None, 512, 8, 8, 512), "cpu", True, "float32", 1),  # a size unknown
+        ({"attention_chunks": 0}, ValueError, "attention_chunks"),
+        ({"attention_chunks": -2}, ValueError, "attention_chunks"),
+        ({"attention_chunks": True}, ValueError, "attention_chunks"),
+        ({"attention_chunks": 2.0}, ValueError, "attention_chunks"),
+        ({"attention_chunks": "4"}, ValueError, "attention_chunks"),
+        ({"attention_backward": "manual"}, ValueError, "attention_backward"),
+        ({"attention_backward": True}, ValueError, "attention_backward"),
+        ({"attention_backward": ""}, ValueError, "attention_backward"),
+        ({"blockwise": "yes"}, TypeError, "blockwise"),
+        ({"blockwise": 1}, TypeError, "blockwise"),
+        ({"blockwise": 0}, TypeError, "blockwise"),
+        ({"torch_linear": "mkl"}, ValueError, "torch_linear"),
+        ({"torch_linear": True}, ValueError, "torch_linear"),
     ],
 )
-def test_default_chunks_keep_each_slices_scores_under_the_mapping_threshold(
-    monkeypatch, sizes, device, xla, dtype, want
-):
-    monkeypatch.setattr(tuning, "_glibc", lambda: True)
-    cls = {"device": device, "dtype": dtype}
-    how = tuning._Compilation(traced=True, xla=xla)
-    assert tuning.default_chunks((*sizes, 64, 64), cls, how) == want
-    monkeypatch.setattr(tuning, "_glibc", lambda: False)  # musl, macOS
-    assert tuning.default_chunks((*sizes, 64, 64), cls, how) == 1
+def test_fixed_refuses_a_bad_choice_naming_it(kw, error, name):
+    with pytest.raises(error, match=rf"Fixed: `{name}` must be .*received"):
+        tuning.Fixed(**kw)
+
+
+def test_fixed_takes_each_choice_and_is_a_tuner_of_settings():
+    given = tuning.Fixed(
+        attention_chunks=4, attention_backward="recompute", blockwise=False, torch_linear="blas"
+    )
+    assert (given.attention_chunks, given.attention_backward) == (4, "recompute")
+    assert (given.blockwise, given.torch_linear) == (False, "blas")
+    for backward in ("autodiff", "recompute", "saved"):
+        tuning.Fixed(attention_backward=backward)
+    assert tuning.Fixed() == tuning.Fixed(None, None, None, None)
+    assert hash(tuning.Fixed(attention_chunks=2)) == hash(tuning.Fixed(attention_chunks=2))
+    with pytest.raises(AttributeError):  # frozen: a key of the kept steps
+        given.attention_chunks = 8
+    with config.settings(autotune=given):
+        assert config.tuner() is given
+
+
+@pytest.mark.parametrize(
+    ("batch", "chunks", "slices"), [(8, None, 1), (8, 4, 4), (8, 3, 2), (6, 4, 3), (7, 16, 7)]
+)
+def test_fixed_batch_slices_are_the_largest_divisor_not_above_the_count(batch, chunks, slices):
+    fixed = tuning.Fixed(attention_chunks=chunks)
+    got = fixed.batch_slices({"batch": batch}, _never_timed, [1], True, "")
+    assert got == slices
+
+
+class _Ops:
+    """What `Fixed.attention` reads of a namespace: where XLA compiles the call."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def xla_device(self, x):
+        return self.device
+
+
+def _spec(**kw):
+    from multiattn.ops import plan
+
+    base = dict(
+        batch=8, heads=8, kv_heads=8, queries=512, keys=512, key_width=64, value_width=64,
+        dtype="float32", capabilities=plan.Capabilities(maps_batch=True),
+        memory_budget=1 << 30, traced=True,
+    )  # fmt: skip
+    return plan.AttentionSpec(**{**base, **kw})
+
+
+def test_fixed_attention_gives_its_choices_and_the_static_defaults_elsewhere(monkeypatch):
+    from multiattn.ops import plan
+
+    monkeypatch.setattr(plan, "glibc", lambda: True)
+    cpu = _Ops("cpu")
+    # given: taken as they are (the plan takes the largest divisor of the batch)
+    got = tuning.Fixed(attention_chunks=2, attention_backward="saved", blockwise=True).attention(
+        cpu, _spec(), None, None, None, False, None
+    )
+    assert (got.chunks, got.backward, got.blockwise_faster) == (2, "saved", True)
+    # nothing given: 8 * 8 * 512 * 512 * 4 bytes = 64 MiB of scores under XLA:CPU, in
+    # 4 slices of 16 MiB; nothing else decided
+    got = tuning.Fixed().attention(cpu, _spec(), None, None, None, False, None)
+    assert (got.chunks, got.backward, got.blockwise_faster, got.fused_faster) == (
+        4, None, None, None
+    )  # fmt: skip
+    got = tuning.Fixed().attention(_Ops(None), _spec(), None, None, None, False, None)
+    assert got.chunks == 1  # not compiled by XLA: one piece
+    got = tuning.Fixed().attention(cpu, _spec(traced=False), None, None, None, False, None)
+    assert got.chunks is None  # eager: the slices are not the plan's to choose

@@ -1,6 +1,9 @@
-"""The explicit attention path over slices of the batch (``settings(attention_chunks=n)``)
-against the float64 oracle: values with every kind of mask and bias, grouped heads,
-gradients, compiled calls, and the slices actually taken."""
+"""The explicit attention path over slices of the batch
+(``settings(autotune=Fixed(attention_chunks=n))``) against the float64 oracle: values with
+every kind of mask and bias, grouped heads, gradients, compiled calls, the slices
+actually taken, measured (``autotune=True``) and by default (`plan.default_chunks`)."""
+
+import functools
 
 import keras
 import numpy as np
@@ -22,6 +25,8 @@ from _support import (
 from multiattn import config, ops, tuning
 from multiattn import reference as ref
 from multiattn._namespace import keras_namespace
+from multiattn.ops import plan
+from multiattn.tuning import Fixed, choices
 
 # the timing of choices is what these tests exercise
 pytestmark = pytest.mark.usefixtures("autotuned")
@@ -70,7 +75,7 @@ _oracle = grouped_oracle
 def test_slices_give_the_oracle_values(slices, case, kv_heads, asked, taken):
     q, k, v = _inputs(kv_heads)
     kw = CASES[case]
-    with config.settings(attention_chunks=asked, fused_attention=False):
+    with config.settings(autotune=Fixed(attention_chunks=asked), fused_attention=False):
         got = sdpa_call(*(cast(a, "float32") for a in (q, k, v)), kw)
     want = _oracle(q, k, v, kw)[0]
     assert_close(got, want, "float32", TOL)
@@ -79,11 +84,11 @@ def test_slices_give_the_oracle_values(slices, case, kv_heads, asked, taken):
 
 def test_one_slice_and_the_weights_run_in_one_piece(slices):
     q, k, v = (cast(a, "float32") for a in _inputs())
-    with config.settings(attention_chunks=1, fused_attention=False):
+    with config.settings(autotune=Fixed(attention_chunks=1), fused_attention=False):
         ops.scaled_dot_product_attention(
             q, k, v, bias=cast(CASES["bias per row"]["bias"], "float32")
         )
-    with config.settings(attention_chunks=4, fused_attention=False):
+    with config.settings(autotune=Fixed(attention_chunks=4), fused_attention=False):
         _, weights = ops.scaled_dot_product_attention(q, k, v, return_weights=True)
     assert slices == []
     want = ref.scaled_dot_product_attention(*(to_np(t) for t in (q, k, v)))[1]
@@ -97,7 +102,7 @@ def test_slices_give_the_oracle_gradients(slices, case):
     g = RNG.standard_normal((B, H, TQ, D))
 
     def fn(qt, kt, vt):
-        with config.settings(attention_chunks=2, fused_attention=False):
+        with config.settings(autotune=Fixed(attention_chunks=2), fused_attention=False):
             out = sdpa_call(qt, kt, vt, kw)
         return keras.ops.sum(out * cast(g, "float32"))
 
@@ -117,7 +122,7 @@ def test_compiled_calls_take_the_slices_asked_for(slices):
     mask = CASES["mask per row"]["mask"]
 
     def f(q, k, v):
-        with config.settings(attention_chunks=4, fused_attention=False):
+        with config.settings(autotune=Fixed(attention_chunks=4), fused_attention=False):
             return ops.scaled_dot_product_attention(q, k, v, mask=mask)
 
     got = compiler()(f)(q, k, v)
@@ -126,7 +131,7 @@ def test_compiled_calls_take_the_slices_asked_for(slices):
     assert slices == ([4] if MAPS else [])
 
 
-def test_compiled_calls_measure_the_slices_once_per_class(slices):
+def test_compiled_calls_measure_the_slices_once_per_class(slices, monkeypatch):
     jit = compiler()
     if not MAPS:
         pytest.skip(f"{BACKEND} runs attention in one piece: nothing to measure")
@@ -135,9 +140,11 @@ def test_compiled_calls_measure_the_slices_once_per_class(slices):
     q, k, v = (cast(RNG.standard_normal((8, 4, 128, 16)), "float32") for _ in range(3))
     assert 8 * 4 * 128 * 128 * 4 >= tuning.CHUNK_MIN_BYTES
 
+    # the own backward pass set aside: its decision would slice the batch too
+    monkeypatch.setattr(choices, "attention_backward", lambda *args: "autodiff")
+
     def f(q, k, v):
-        # the own backward pass set aside: its decision would slice the batch too
-        with config.settings(fused_attention=False, attention_backward="autodiff"):
+        with config.settings(fused_attention=False):
             return ops.scaled_dot_product_attention(q, k, v)
 
     got = jit(f)(q, k, v)
@@ -173,15 +180,32 @@ def test_small_score_matrices_are_not_timed():
     tuning.reset()
 
 
-@pytest.mark.parametrize("value", [0, -2])
-def test_the_setting_refuses_counts_below_one(value):
-    with pytest.raises(ValueError, match=r"attention_chunks.*>= 1"):
-        with config.settings(attention_chunks=value):
-            pass
+def test_without_a_tuner_compiled_calls_take_the_default_slices(slices):
+    """autotune off: nothing is timed or recorded; XLA:CPU's compiled calls on glibc cut
+    a score matrix above the allocator's mapping threshold (32 MiB) into slices of at
+    most 16 MiB (`multiattn.ops.plan.default_chunks`)."""
+    jit = compiler()
+    tuning.reset()
+    # scores of 8 * 4 * 512 * 512 float32: 32 MiB, at the threshold; twice the batch: 64
+    small, large = ((cast(RNG.standard_normal((b, 4, 512, 8)), "float32"),) * 3 for b in (8, 16))
 
+    def f(q, k, v):
+        with config.settings(autotune=False, fused_attention=False):
+            return ops.scaled_dot_product_attention(q, k, v)
 
-@pytest.mark.parametrize("value", [2.0, True, "4"])
-def test_the_setting_refuses_other_types(value):
-    with pytest.raises(TypeError, match=r"attention_chunks.*int or None"):
-        with config.settings(attention_chunks=value):
-            pass
+    if BACKEND == "jax":
+        import jax
+
+        xla_cpu = jax.default_backend() == "cpu"
+    else:  # compiled by XLA only where asked
+        import tensorflow as tf
+
+        xla_cpu = not tf.config.list_logical_devices("GPU")
+        jit = functools.partial(tf.function, jit_compile=True)
+    jit(f)(*small)
+    assert slices == []  # one piece at the threshold
+    got = jit(f)(*large)
+    assert slices == ([4] if xla_cpu and plan.glibc() else []), slices
+    want = ref.scaled_dot_product_attention(*(to_np(t) for t in large))[0]
+    assert_close(got, want, "float32", TOL)
+    assert tuning.decisions() == []

@@ -1,6 +1,6 @@
-"""The blockwise path within the memory budget: forced by
-``settings(blockwise_attention=True)``, kept off by ``False``, and measured against the
-direct path in compiled calls whose scores take at least
+"""The blockwise path within the memory budget: given by
+``settings(autotune=Fixed(blockwise=True))``, kept off by ``False``, and measured against
+the direct path in compiled calls whose scores take at least
 ``multiattn.ops.plan.BLOCKWISE_MIN_BYTES`` (`multiattn.tuning.blockwise_attention_pays`);
 every way against the float64 oracle."""
 
@@ -11,6 +11,7 @@ from _support import BACKEND, TOL, assert_close, attention_cases, cast, compiler
 from multiattn import config, ops, tuning
 from multiattn import reference as ref
 from multiattn.ops import blockwise_grad, plan
+from multiattn.tuning import Fixed, choices
 
 # the timing of choices is what these tests exercise
 pytestmark = pytest.mark.usefixtures("autotuned")
@@ -63,10 +64,10 @@ def test_the_shipped_threshold_is_two_preferred_blocks(monkeypatch):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_forced_on_gives_the_oracle_values_on_the_blockwise_path(blockwise_calls, case):
-    """settings(blockwise_attention=True): the blockwise path for scores far below the
+    """Fixed(blockwise=True): the blockwise path for scores far below the
     budget (eagerly too, and on torch where its kernel streams), the oracle's values."""
     q, k, v = (RNG.standard_normal((B, H, t, D)) for t in (TQ, TK, TK))
-    with config.settings(blockwise_attention=True):
+    with config.settings(autotune=Fixed(blockwise=True)):
         got = sdpa_call(*(cast(a, "float32") for a in (q, k, v)), CASES[case])
     assert_close(got, _oracle(q, k, v, CASES[case]), "float32", TOL)
     assert len(blockwise_calls) == 1
@@ -74,7 +75,7 @@ def test_forced_on_gives_the_oracle_values_on_the_blockwise_path(blockwise_calls
 
 def test_forced_on_leaves_the_weights_to_the_direct_path(blockwise_calls):
     q, k, v = (cast(RNG.standard_normal((B, H, t, D)), "float32") for t in (TQ, TK, TK))
-    with config.settings(blockwise_attention=True):
+    with config.settings(autotune=Fixed(blockwise=True)):
         out, weights = ops.scaled_dot_product_attention(q, k, v, return_weights=True)
     want, want_weights = ref.scaled_dot_product_attention(*(to_np(t) for t in (q, k, v)))
     assert_close(out, want, "float32", TOL)
@@ -82,21 +83,26 @@ def test_forced_on_leaves_the_weights_to_the_direct_path(blockwise_calls):
     assert blockwise_calls == []
 
 
+@pytest.fixture
+def only_blockwise_timed(monkeypatch):
+    """The measuring tuner's other attention choices given (one piece, automatic
+    differentiation): only blockwise or direct is timed."""
+    monkeypatch.setattr(choices, "attention_chunks", lambda *args: 1)
+    monkeypatch.setattr(choices, "attention_backward", lambda *args: "autodiff")
+
+
 def _large(causal: bool = False):
     qkv = [cast(RNG.standard_normal(LARGE), "float32") for _ in range(3)]
 
     def f(q, k, v):
-        # the other choices forced: only this one is timed
-        with config.settings(
-            fused_attention=False, attention_chunks=1, attention_backward="autodiff"
-        ):
+        with config.settings(fused_attention=False):
             return ops.scaled_dot_product_attention(q, k, v, causal=causal)
 
     return qkv, f
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
-def test_compiled_calls_measure_the_choice_once_per_class(causal):
+def test_compiled_calls_measure_the_choice_once_per_class(only_blockwise_timed, causal):
     jit = compiler()
     tuning.reset()
     qkv, f = _large(causal)
@@ -123,7 +129,7 @@ def test_forced_either_way_in_compiled_calls_times_nothing(blockwise_calls, forc
     qkv, f = _large()
 
     def scoped(q, k, v):
-        with config.settings(blockwise_attention=forced):
+        with config.settings(autotune=Fixed(blockwise=forced)):
             return f(q, k, v)
 
     got = jit(scoped)(*qkv)
@@ -133,7 +139,7 @@ def test_forced_either_way_in_compiled_calls_times_nothing(blockwise_calls, forc
     tuning.reset()
 
 
-def test_eager_calls_and_small_scores_are_not_timed(blockwise_calls):
+def test_eager_calls_and_small_scores_are_not_timed(only_blockwise_timed, blockwise_calls):
     """Eager calls within the budget take the direct path untimed (the eager torch and
     numpy suites included); so do compiled calls of scores under the threshold."""
     tuning.reset()
@@ -145,20 +151,3 @@ def test_eager_calls_and_small_scores_are_not_timed(blockwise_calls):
         compiler()(f)(*small)
         assert _decisions() == [] and blockwise_calls == []
     tuning.reset()
-
-
-@pytest.mark.parametrize("value", [1, 0, "yes", 1.0])
-def test_the_setting_refuses_other_values(value):
-    with pytest.raises(TypeError, match=f"blockwise_attention.*{value!r}"):
-        with config.settings(blockwise_attention=value):
-            pass
-
-
-def test_the_setting_scopes_its_value_and_the_fingerprint():
-    outer = config.fingerprint()
-    assert config.get_blockwise_attention() is None
-    with config.settings(blockwise_attention=True):
-        assert config.get_blockwise_attention() is True
-        assert dict(config.fingerprint())["blockwise_attention"] is True
-        assert config.fingerprint() != outer
-    assert config.fingerprint() == outer

@@ -1,7 +1,7 @@
 """The namespace's dense projection (``linear``) against a float64 NumPy oracle: values
 and gradients, both contraction ranks, with and without bias; on torch, the oneDNN path,
 PyTorch's own product and the product measured faster (`multiattn.tuning`), chosen by
-`multiattn.config.set_torch_onednn`."""
+the tuner in force (``settings(autotune=Fixed(torch_linear="onednn"))``, ``True``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,19 @@ import numpy as np
 import pytest
 from _support import BACKEND, DTYPES, LAYER_TOL, assert_close, cast, gradients, rounded
 
-from multiattn import config
+from multiattn import config, tuning
 from multiattn._namespace import get_ops
+from multiattn.tuning import Fixed
 
 RNG = np.random.default_rng(7)
-ONEDNN = (True, False, None) if BACKEND == "torch" else ("n/a",)
+#: how the projections run: the tuner in force (`multiattn.config.tuner`)
+TUNERS = {
+    "onednn": Fixed(torch_linear="onednn"),
+    "blas": Fixed(torch_linear="blas"),
+    "measured": True,
+    "default": False,
+}
+ONEDNN = list(TUNERS) if BACKEND == "torch" else ["default"]
 
 
 def _oracle(x, kernel, bias, contract):
@@ -35,16 +43,12 @@ def _case(contract: int, with_bias: bool, rows: str = "many"):
     return x, kernel, bias
 
 
-@pytest.fixture(
-    params=ONEDNN,
-    ids=lambda v: {True: "onednn", False: "blas", None: "measured", "n/a": "einsum"}[v],
-)
+@pytest.fixture(params=ONEDNN)
 def onednn(request):
-    if request.param != "n/a":
-        config.set_torch_onednn(request.param)
-    with config.settings(autotune=request.param is None):  # None: measured
+    tuning.reset()  # decisions held by the process make the measuring tuner the default
+    with config.settings(autotune=TUNERS[request.param]):
         yield request.param
-    config.set_torch_onednn(None)
+    tuning.reset()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -113,46 +117,38 @@ def test_linear_with_leading_sizes_unknown_in_a_graph(contract):
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the oneDNN path is PyTorch's")
-def test_torch_onednn_path_is_taken_and_switchable(monkeypatch):
-    from multiattn import _torch_matmul
+def test_torch_onednn_path_is_taken_where_the_tuner_says(monkeypatch):
+    from multiattn.tuning import torch_linear
 
-    if not _torch_matmul.available():
+    if not torch_linear.available():
         pytest.skip("this PyTorch build has no oneDNN linear operator")
     calls = []
-    real = _torch_matmul.matmul_bias
-    monkeypatch.setattr(_torch_matmul, "matmul_bias", lambda *a: calls.append(a[3]) or real(*a))
+    real = torch_linear.matmul_bias
+
+    def spy(a, b, bias, measure=False):
+        calls.append(measure)
+        return real(a, b, bias, measure)
+
+    monkeypatch.setattr(torch_linear, "matmul_bias", spy)
+    tuning.reset()  # no decision held: autotune off is no tuner
     x, kernel, bias = _case(1, True)
     ops = get_ops()
     args = (cast(x, "float32"), cast(kernel, "float32"), cast(bias, "float32"))
-    try:
-        config.set_torch_onednn(None)
+    with config.settings(autotune=False):
         ops.linear(*args)
-        assert calls == [True]  # measured
-        config.set_torch_onednn(True)
+    assert calls == []  # no tuner: PyTorch's own product
+    with config.settings(autotune=True):
         ops.linear(*args)
-        assert calls == [True, False]  # forced
-        config.set_torch_onednn(False)
+    assert calls == [True]  # measured
+    with config.settings(autotune=Fixed(torch_linear="onednn")):
         ops.linear(*args)
-        assert len(calls) == 2
-        monkeypatch.setenv(config.ONEDNN_ENV_VAR, "off")
-        config.reload_environment()
-        config.set_torch_onednn(None)
-        ops.linear(*args)
-        assert len(calls) == 2
-        monkeypatch.setenv(config.ONEDNN_ENV_VAR, "1")
-        config.reload_environment()
-        ops.linear(*args)
-        assert calls[-1] is False and len(calls) == 3
-        monkeypatch.setenv(config.ONEDNN_ENV_VAR, "auto")
-        config.reload_environment()
-        ops.linear(*args)
-        assert calls[-1] is True and len(calls) == 4
         ops.linear(*(cast(a, "float64") for a in (x, kernel, bias)))  # float64: BLAS
-        assert len(calls) == 4
-    finally:
-        config.set_torch_onednn(None)
-        monkeypatch.delenv(config.ONEDNN_ENV_VAR, raising=False)
-        config.reload_environment()
+    assert calls == [True, False]  # given
+    for given in (Fixed(torch_linear="blas"), Fixed(), Fixed(attention_chunks=2)):
+        with config.settings(autotune=given):
+            ops.linear(*args)
+    assert calls == [True, False]
+    tuning.reset()
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the oneDNN path is PyTorch's")
@@ -162,10 +158,10 @@ def test_torch_onednn_second_order_gradients_match_blas():
     import torch
 
     x, kernel, bias = _case(2, True)
+    tuning.reset()
     results = []
-    for enabled in (True, None, False):
-        config.set_torch_onednn(enabled)
-        try:
+    for tuner in (Fixed(torch_linear="onednn"), True, False):
+        with config.settings(autotune=tuner):
             leaves = [
                 torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in (x, kernel, bias)
             ]
@@ -173,8 +169,7 @@ def test_torch_onednn_second_order_gradients_match_blas():
             (gx,) = torch.autograd.grad((y**2).sum(), leaves[0], create_graph=True)
             second = torch.autograd.grad(gx.square().sum(), leaves)
             results.append([g.detach().numpy().astype(np.float64) for g in second])
-        finally:
-            config.set_torch_onednn(None)
+    tuning.reset()
     for other in results[:2]:
         for got, want in zip(other, results[2]):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
@@ -187,17 +182,7 @@ def test_torch_onednn_takes_strided_inputs():
 
     x = torch.tensor(RNG.standard_normal((12, 2, 5)), dtype=torch.float32).permute(1, 2, 0)
     kernel = torch.tensor(RNG.standard_normal((12, 4)), dtype=torch.float32)
-    got = get_ops().linear(x, kernel)
+    with config.settings(autotune=Fixed(torch_linear="onednn")):
+        got = get_ops().linear(x, kernel)
     want = np.tensordot(x.numpy().astype(np.float64), kernel.numpy().astype(np.float64), 1)
     assert_close(got, want, "float32")
-
-
-def test_onednn_setting_rejects_bad_values(monkeypatch):
-    with pytest.raises(TypeError, match="set_torch_onednn"):
-        config.set_torch_onednn("yes")
-    monkeypatch.setenv(config.ONEDNN_ENV_VAR, "maybe")
-    config.reload_environment()
-    with pytest.raises(ValueError, match=r"MULTIATTN_TORCH_ONEDNN.*'maybe'"):
-        config.get_torch_onednn()
-    monkeypatch.delenv(config.ONEDNN_ENV_VAR)
-    config.reload_environment()

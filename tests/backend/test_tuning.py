@@ -1,6 +1,8 @@
 """Kernel choices by measurement (`multiattn.tuning`) on each backend: the projection
-library on torch (override, one timing per shape class, the same results whichever
-library wins, nothing timed while a compiler traces) and fused-or-explicit attention.
+library on torch (given by `multiattn.tuning.Fixed`, one timing per shape class, the same
+results whichever library wins, nothing timed while a compiler traces),
+fused-or-explicit attention, and nothing timed, recorded or even imported without a
+tuner.
 
 Where a test depends on which candidate wins, the timing is replaced by a fake that
 declares the winner and counts how often it runs; no assertion depends on how fast
@@ -11,10 +13,11 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-from _support import BACKEND, assert_close, cast, to_np
+from _support import BACKEND, assert_close, cast
 
 from multiattn import config, tuning
 from multiattn._namespace import get_ops
+from multiattn.tuning import Fixed, _store, choices
 
 # the timing of choices is what these tests exercise
 pytestmark = pytest.mark.usefixtures("autotuned")
@@ -24,15 +27,10 @@ torch_only = pytest.mark.skipif(BACKEND != "torch", reason="the projection choic
 
 
 @pytest.fixture(autouse=True)
-def fresh(monkeypatch):
-    monkeypatch.delenv(config.ONEDNN_ENV_VAR, raising=False)
-    config.reload_environment()
+def fresh():
     tuning.reset()
-    config.set_torch_onednn(None)
     yield
     tuning.reset()
-    config.set_torch_onednn(None)
-    config.reload_environment()
 
 
 def fake_timing(monkeypatch, winner: str) -> list:
@@ -44,7 +42,7 @@ def fake_timing(monkeypatch, winner: str) -> list:
         timed.append(sorted(fns))
         return {name: [0.001 if name == winner else 0.002] for name in fns}, {}
 
-    monkeypatch.setattr(tuning, "_measure", measure)
+    monkeypatch.setattr(_store, "_measure", measure)
     return timed
 
 
@@ -52,25 +50,26 @@ def no_timing(monkeypatch) -> None:
     def measure(fns, repeats, sync):
         raise AssertionError("nothing should be timed here")
 
-    monkeypatch.setattr(tuning, "_measure", measure)
+    monkeypatch.setattr(_store, "_measure", measure)
 
 
 @pytest.fixture
 def routes(monkeypatch):
-    """Counts the products run by each library (``{"onednn": n, "blas": n}``)."""
-    from multiattn import _torch_matmul
+    """Counts the products run by each library of `multiattn.tuning.torch_linear`
+    (``{"onednn": n, "blas": n}``; PyTorch's own product, without a tuner, is neither)."""
+    from multiattn.tuning import torch_linear
 
-    if not _torch_matmul.available():
+    if not torch_linear.available():
         pytest.skip("this PyTorch build has no oneDNN linear operator")
     counts = {"onednn": 0, "blas": 0}
     for name in counts:
-        real = getattr(_torch_matmul, name)
+        real = getattr(torch_linear, name)
 
         def counted(*args, _name=name, _real=real):
             counts[_name] += 1
             return _real(*args)
 
-        monkeypatch.setattr(_torch_matmul, name, counted)
+        monkeypatch.setattr(torch_linear, name, counted)
     return counts
 
 
@@ -94,24 +93,16 @@ def _forward_backward(x, kernel, bias, w=None):
 
 
 @torch_only
-@pytest.mark.parametrize("setting", ["set", "env"])
-def test_override_is_obeyed(monkeypatch, routes, setting):
+def test_a_fixed_library_is_obeyed(monkeypatch, routes):
     no_timing(monkeypatch)
     x, kernel, bias = _projection(3, 10)
-
-    def force(value: bool) -> None:
-        if setting == "set":
-            config.set_torch_onednn(value)
-        else:
-            monkeypatch.setenv(config.ONEDNN_ENV_VAR, "on" if value else "0")
-            config.reload_environment()
-
-    force(True)
-    _forward_backward(x, kernel, bias)
+    with config.settings(autotune=Fixed(torch_linear="onednn")):
+        _forward_backward(x, kernel, bias)
     assert routes == {"onednn": 3, "blas": 0}  # forward, input and weight gradients
-    force(False)
-    _forward_backward(x, kernel, bias)
-    assert routes == {"onednn": 3, "blas": 0}  # PyTorch's own einsum
+    for given in (Fixed(torch_linear="blas"), Fixed(), False):
+        with config.settings(autotune=given):
+            _forward_backward(x, kernel, bias)
+    assert routes == {"onednn": 3, "blas": 0}  # PyTorch's own product
     assert tuning.decisions() == []
 
 
@@ -169,17 +160,17 @@ def test_either_winner_gives_the_same_results(monkeypatch, routes):
 def test_both_libraries_compute_the_same_product(layout):
     import torch
 
-    from multiattn import _torch_matmul
+    from multiattn.tuning import torch_linear
 
-    if not _torch_matmul.available():
+    if not torch_linear.available():
         pytest.skip("this PyTorch build has no oneDNN linear operator")
     gen = torch.Generator().manual_seed(3)
-    a = _torch_matmul._random(37, 20, layout, gen)
-    b = _torch_matmul._random(20, 11, "cols" if layout == "rows" else "rows", gen)
-    assert _torch_matmul._layout(a) == layout
+    a = torch_linear._random(37, 20, layout, gen)
+    b = torch_linear._random(20, 11, "cols" if layout == "rows" else "rows", gen)
+    assert torch_linear._layout(a) == layout
     bias = torch.randn(11, generator=gen)
     want = a.double() @ b.double() + bias.double()
-    for fn in (_torch_matmul.onednn, _torch_matmul.blas):
+    for fn in (torch_linear.onednn, torch_linear.blas):
         assert_close(fn(a, b, bias), want.numpy(), "float32")
 
 
@@ -187,14 +178,15 @@ def test_both_libraries_compute_the_same_product(layout):
 def test_nothing_is_timed_while_a_compiler_traces(monkeypatch, routes):
     import torch
 
-    from multiattn import _torch_matmul
+    from multiattn.tuning import torch_linear
 
     no_timing(monkeypatch)
-    monkeypatch.setattr(tuning, "torch_is_tracing", lambda: True)
+    monkeypatch.setattr(choices, "torch_is_tracing", lambda: True)
+    monkeypatch.setattr(torch_linear, "torch_is_tracing", lambda: True)
     _forward_backward(*_projection(3, 10))
-    assert routes == {"onednn": 0, "blas": 0}  # PyTorch's own einsum
+    assert routes == {"onednn": 0, "blas": 0}  # PyTorch's own product
     a, b = torch.randn(30, 16), torch.randn(16, 8)
-    assert _torch_matmul.route(a, b, None) == "blas"
+    assert torch_linear.route(a, b, None) == "blas"
     (decision,) = tuning.decisions()
     assert decision["how"] == "fallback" and "torch.compile" in decision["reason"]
 
@@ -328,7 +320,7 @@ def test_an_eager_decision_is_not_reused_for_a_cache_under_xla(monkeypatch):
     q, k, v = _qkv(1, 8)
     k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (k, v))
     monkeypatch.setattr(
-        tuning, "_measure", lambda fns, repeats, sync: ({"fused": [1.0], "explicit": [2.0]}, {})
+        _store, "_measure", lambda fns, repeats, sync: ({"fused": [1.0], "explicit": [2.0]}, {})
     )
     assert tuning.fused_attention_pays(ops, q, k, v, explicit=_explicit, kv_heads_first=True)
     seen = _cache_choice_under_xla(ops, q, k, v)
@@ -357,7 +349,7 @@ def test_fused_attention_setting_forces_the_path_without_timing(monkeypatch, for
     def no_timing(*args, **kwargs):
         raise AssertionError("a forced choice was timed")
 
-    monkeypatch.setattr(tuning, "fused_attention_pays", no_timing)
+    monkeypatch.setattr(choices, "fused_attention_pays", no_timing)
     calls = []
     if _has_fused(ops):
         real = type(ops).fused_attention
@@ -382,132 +374,6 @@ def test_fused_attention_setting_refuses_non_bools():
             pass
 
 
-# --- joined or separate query/key/value projections ------------------------------------
-
-
-def _self_attention(kv_heads: int = 2, bias: bool = True):
-    from multiattn import layers
-
-    layer = layers.MultiHeadAttention(4, 3, num_key_value_heads=kv_heads, use_bias=bias)
-    x = cast(RNG.standard_normal((2, 5, 8)), "float32")
-    layer(x, x)
-    for w in layer.weights:
-        w.assign(RNG.standard_normal(tuple(w.shape)).astype("float32") * 0.5)
-    return layer, x
-
-
-def _oracle(layer, x):
-    from multiattn import reference as ref
-
-    w = {
-        k: keras.ops.convert_to_numpy(getattr(layer, k)).astype(np.float64)
-        for k in ("query_kernel", "key_kernel", "value_kernel", "output_kernel")
-    }
-    if layer.use_bias:
-        for k in ("query_bias", "key_bias", "value_bias", "output_bias"):
-            w[k] = keras.ops.convert_to_numpy(getattr(layer, k)).astype(np.float64)
-    x64 = keras.ops.convert_to_numpy(x).astype(np.float64)
-    return ref.multi_head_attention(x64, x64, weights=w)[0]
-
-
-@pytest.mark.parametrize("winner", ["fused", "separate"])
-@pytest.mark.parametrize("bias", [True, False])
-def test_projection_join_follows_the_timing_once_per_class(monkeypatch, winner, bias):
-    """Self-attention (one tensor as query, key and value) asks for the choice once per
-    class; either winner gives the oracle's numbers."""
-    layer, x = _self_attention(bias=bias)
-    tuning.reset()
-    timed = fake_timing(monkeypatch, winner)
-    joined = []
-    real = tuning.fused_projections_pay
-
-    def spy(*args, **kwargs):
-        joined.append(real(*args, **kwargs))
-        return joined[-1]
-
-    monkeypatch.setattr(tuning, "fused_projections_pay", spy)
-    for _ in range(2):
-        got = layer(x, x)
-    assert timed.count(["fused", "separate"]) == 1 and joined == [winner == "fused"] * 2
-    (decision,) = [d for d in tuning.decisions() if d["op"] == "fused-qkv"]
-    assert decision["shape_class"]["out"] == (12, 6, 6) and decision["shape_class"]["rows"] == 16
-    assert decision["shape_class"]["bias"] is bias
-    assert_close(got, _oracle(layer, x), "float32")
-
-
-@pytest.mark.parametrize("winner", ["fused", "separate"])
-def test_gate_up_join_follows_the_timing_once_per_class(monkeypatch, winner):
-    """A gated feed-forward layer asks once per class whether to join its gate and up
-    products; either winner gives the oracle's numbers (NumPy, float64)."""
-    from multiattn import layers
-
-    layer = layers.FeedForward(12, activation="silu", gated=True, use_bias=True)
-    x = cast(RNG.standard_normal((2, 5, 8)), "float32")
-    layer(x)
-    for w in layer.weights:
-        w.assign(RNG.standard_normal(tuple(w.shape)).astype("float32") * 0.5)
-    tuning.reset()
-    timed = fake_timing(monkeypatch, winner)
-    got = [layer(x) for _ in range(2)][-1]
-    assert timed.count(["fused", "separate"]) == 1
-    (decision,) = [d for d in tuning.decisions() if d["op"] == "fused-gate-up"]
-    assert decision["shape_class"]["out"] == (12, 12) and decision["shape_class"]["rows"] == 16
-    w = {
-        name: to_np(getattr(layer, name).kernel).astype(np.float64)
-        for name in ("gate", "up", "down")
-    }
-    b = {name: to_np(getattr(layer, name).bias).astype(np.float64) for name in w}
-    xs = to_np(x).astype(np.float64)
-    gate, up = xs @ w["gate"] + b["gate"], xs @ w["up"] + b["up"]
-    want = (gate / (1.0 + np.exp(-gate)) * up) @ w["down"] + b["down"]
-    assert_close(got, want, "float32")
-
-
-@pytest.mark.parametrize("forced", [True, False])
-def test_projection_setting_forces_the_join_without_timing(monkeypatch, forced):
-    from multiattn.layers import _base
-
-    layer, x = _self_attention()
-    monkeypatch.setattr(tuning, "fused_projections_pay", lambda *a: pytest.fail("timed"))
-    calls = []
-    real = _base.fused_linear
-    monkeypatch.setattr(_base, "fused_linear", lambda *a: calls.append(1) or real(*a))
-    with config.settings(fused_projections=forced):
-        got = layer(x, x)
-    assert bool(calls) is forced
-    assert_close(got, _oracle(layer, x), "float32")
-    with pytest.raises(TypeError, match="fused_projections"):
-        with config.settings(fused_projections=1):
-            pass
-
-
-def test_projection_join_is_measured_for_real():
-    layer, x = _self_attention()
-    tuning.reset()
-    layer(x, x)
-    (decision,) = [d for d in tuning.decisions() if d["op"] == "fused-qkv"]
-    assert decision["how"] == "measured" and set(decision["median_ms"]) == {"fused", "separate"}
-    # PyTorch records the call for a backward pass (the weights require gradients): the
-    # candidates are timed with theirs
-    passes = "forward and backward" if BACKEND == "torch" else "forward"
-    assert decision["timed"] == f"(10, 8) inputs, kernels to (12, 6, 6), {passes}"
-
-
-@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch tells whether a call is recorded")
-def test_a_projection_join_without_gradients_is_its_own_class_timed_forward():
-    import torch
-
-    layer, x = _self_attention()
-    tuning.reset()
-    with torch.no_grad():
-        layer(x, x)
-    layer(x, x)
-    found = {d["shape_class"]["backward"]: d for d in tuning.decisions() if d["op"] == "fused-qkv"}
-    assert set(found) == {False, True}
-    assert found[False]["timed"].endswith(", forward")
-    assert found[True]["timed"].endswith(", forward and backward")
-
-
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="traced backends")
 @pytest.mark.parametrize("xla", [False, True])
 def test_traced_choice_times_many_passes_compiled_as_the_caller(xla):
@@ -515,26 +381,146 @@ def test_traced_choice_times_many_passes_compiled_as_the_caller(xla):
     compiled loop (its work in compiled code, not the cost of a call), compiled as the
     caller is: on TensorFlow with XLA exactly where the caller's graph is, which the
     class records."""
-    layer, x = _self_attention()
-    tuning.reset()
+    ops = get_ops()
+    q, k, v = _qkv(8, 8)
+
+    def traced(q, k, v):
+        tuning.fused_attention_pays(ops, q, k, v, explicit=_explicit)
+        return q
+
     if BACKEND == "jax":
         import jax
 
         if not xla:
             pytest.skip("jax always compiles with XLA")
-        jax.jit(lambda x: layer(x, x))(x)
+        jax.jit(traced)(q, k, v)
     else:
         import tensorflow as tf
 
-        tf.function(lambda x: layer(x, x), jit_compile=xla)(x)
-    (decision,) = [d for d in tuning.decisions() if d["op"] == "fused-qkv"]
+        tf.function(traced, jit_compile=xla)(q, k, v)
+    (decision,) = tuning.decisions()
     assert decision["how"] == "measured"
-    assert decision["timed"] == "(10, 8) inputs, kernels to (12, 6, 6), 64 passes per call, forward"
+    # 2 heads of 8 queries and 8 keys of width 4: 2 * 2 * 8 * 8 * (4 + 4) = 2048
+    # operations a pass, far under FLOP_CAP: the most passes, 64
+    assert decision["timed"] == (
+        "(1, 8, 2, 4) queries, (1, 8, 2, 4/4) keys/values, 64 passes per call"
+    )
     assert decision["shape_class"].get("xla", True) is xla or BACKEND == "jax"
 
 
-def test_cross_attention_never_joins(monkeypatch):
-    layer, x = _self_attention()
-    monkeypatch.setattr(tuning, "fused_projections_pay", lambda *a: pytest.fail("asked"))
-    y = cast(keras.ops.convert_to_numpy(x), "float32")  # the same values, another tensor
-    layer(x, y)
+# --- who decides: the tuner in force ----------------------------------------------------
+
+
+def _attend(q, k, v):
+    from multiattn.ops.attention import attend
+
+    return attend(get_ops(), q, k, v, scale=0.5)
+
+
+def test_the_attention_choice_is_timed_through_the_tuner_only_under_autotune(monkeypatch):
+    """``attend`` asks the measuring tuner under autotune=True (the fused kernel against
+    the explicit path, where the backend has one); a Fixed tuner and autotune off time
+    nothing and record nothing."""
+    ops = get_ops()
+    asked = []
+    real = choices.fused_attention_pays
+    monkeypatch.setattr(choices, "fused_attention_pays", lambda *a: asked.append(1) or real(*a))
+    fake_timing(monkeypatch, "explicit")
+    q, k, v = _qkv(8, 8)
+    _attend(q, k, v)  # autotune=True (the module's fixture)
+    fused = _has_fused(ops) and not ops.fused_attention_streams  # torch's streams: untimed
+    assert bool(asked) is fused and len(tuning.decisions()) == int(fused)
+    tuning.reset()
+    asked.clear()
+    for given in (Fixed(), Fixed(attention_chunks=2, blockwise=False), False):
+        with config.settings(autotune=given):
+            _attend(q, k, v)
+    assert asked == [] and tuning.decisions() == []
+
+
+def test_without_a_tuner_layers_record_no_decision():
+    from multiattn import layers
+
+    layer = layers.MultiHeadAttention(2, 4)
+    x = cast(RNG.standard_normal((2, 5, 8)), "float32")
+    with config.settings(autotune=False):
+        layer(x, x)
+        if BACKEND == "jax":
+            import jax
+
+            jax.jit(lambda x: layer(x, x))(x)
+        elif BACKEND == "tensorflow":
+            import tensorflow as tf
+
+            tf.function(lambda x: layer(x, x), jit_compile=True)(x)
+        assert config.tuner() is None
+    assert tuning.decisions() == []
+
+
+_UNTUNED_PROCESS = """\
+import sys
+import numpy as np
+import keras
+from multiattn import layers, ops
+rng = np.random.default_rng(0)
+layer = layers.MultiHeadAttention(2, 4)
+x = keras.ops.convert_to_tensor(rng.standard_normal((2, 5, 8)).astype("float32"))
+layer(x, x)
+q = keras.ops.convert_to_tensor(rng.standard_normal((2, 2, 6, 4)).astype("float32"))
+ops.scaled_dot_product_attention(q, q, q, causal=True)
+backend = keras.backend.backend()
+if backend == "jax":
+    import jax
+    jax.jit(lambda x: layer(x, x))(x)
+elif backend == "tensorflow":
+    import tensorflow as tf
+    tf.function(lambda x: layer(x, x), jit_compile=True)(x)
+assert "multiattn.tuning" not in sys.modules, "multiattn.tuning was imported"
+print("untuned")
+"""
+
+
+def test_without_a_tuner_the_tuning_package_is_never_imported():
+    """autotune off (the default): the layers and the core, eager and compiled, take the
+    static defaults without importing `multiattn.tuning`."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != config.AUTOTUNE_ENV_VAR}
+    env.update(KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run(
+        [sys.executable, "-c", _UNTUNED_PROCESS],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and "untuned" in done.stdout, done.stderr[-3000:]
+
+
+def test_xla_device_says_where_xla_compiles_the_call():
+    """The static fact `multiattn.ops.plan.default_chunks` reads: jax's default backend
+    (XLA compiles every jax computation); on TensorFlow only inside a graph XLA compiles;
+    None on the eager backends."""
+    ops = get_ops()
+    x = cast(RNG.standard_normal((2, 3)), "float32")
+    if BACKEND == "jax":
+        import jax
+
+        assert ops.xla_device(x) == jax.default_backend()
+        seen = []
+        jax.jit(lambda t: seen.append(ops.xla_device(t)) or t)(x)
+        assert seen == [jax.default_backend()]
+    elif BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        device = "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+        seen = []
+
+        def f(t):
+            seen.append(ops.xla_device(t))
+            return t
+
+        tf.function(f)(x)
+        tf.function(f, jit_compile=True)(x)
+        assert ops.xla_device(x) is None and seen == [None, device]
+    else:
+        assert ops.xla_device(x) is None

@@ -19,6 +19,7 @@ from multiattn import reference
 from multiattn.config import settings
 from multiattn.distributed import ring_attention
 from multiattn.ops import scaled_dot_product_attention
+from multiattn.tuning import Fixed
 
 DEVICES = 8
 BLOCK = 256  # tokens per device
@@ -27,9 +28,7 @@ HEADS, DIM = 2, 16
 #: differentiated automatically
 PLAIN = dict(
     fused_attention=False,
-    blockwise_attention=False,
-    attention_chunks=1,
-    attention_backward="autodiff",
+    autotune=Fixed(attention_chunks=1, attention_backward="autodiff", blockwise=False),
 )
 
 

@@ -20,16 +20,14 @@ from keras.distribution import DataParallel, DeviceMesh, distribute_tensor, list
 from multiattn.config import settings
 from multiattn.distributed import layout_map, model_parallel
 from multiattn.layers import TransformerEncoderLayer
+from multiattn.tuning import Fixed
 
 D_MODEL, HEADS, DFF, BATCH, SEQ = 64, 8, 128, 8, 32
 #: the kernel choices of the memory measurement: the plain explicit path, differentiated
-#: automatically, in one piece, with a product per projection
+#: automatically, in one piece (every projection is its own product)
 PINNED = dict(
     fused_attention=False,
-    blockwise_attention=False,
-    attention_chunks=1,
-    attention_backward="autodiff",
-    fused_projections=False,
+    autotune=Fixed(attention_chunks=1, attention_backward="autodiff", blockwise=False),
 )
 
 

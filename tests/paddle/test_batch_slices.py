@@ -1,6 +1,7 @@
 """Slices of the batch on Paddle: the document layers and the core's explicit attention
 path run over slices side by side on the CPU's threads (`PaddleNamespace.map_batch`),
-forced by ``settings(attention_chunks=n)`` or measured. Values against the float64
+given by ``settings(autotune=Fixed(attention_chunks=n))`` or measured (``autotune=True``;
+without a tuner, one piece). Values against the float64
 oracle, gradients against the same call in one piece (itself checked against finite
 differences of the oracle in ``test_adapter.py``), the threads, the gradient mode and the
 settings the slices run under, and the measured choice."""
@@ -22,6 +23,7 @@ from test_adapter import HIDDEN, LENS, OUT_TOL, heads_of, inputs, make, oracle, 
 
 from multiattn import config, ops, tuning
 from multiattn import reference as ref
+from multiattn.tuning import Fixed
 
 # the timing of choices is what these tests exercise
 pytestmark = pytest.mark.usefixtures("autotuned")
@@ -62,10 +64,10 @@ def test_layer_slices_give_the_oracle_values_and_the_one_piece_gradients(
     xs = [tensor(x, "float64", grad=True) for x in arrays]
     lens_t = None if LENS[lens] is None else paddle.to_tensor(LENS[lens])
     weights = RNG.standard_normal((4, *tuple(layer(*xs, lens_t).shape)[1:]))
-    with config.settings(attention_chunks=1):
+    with config.settings(autotune=Fixed(attention_chunks=1)):
         _, want_grads = _grads(layer, xs, lens_t, weights)
     assert slices == []
-    with config.settings(attention_chunks=asked):
+    with config.settings(autotune=Fixed(attention_chunks=asked)):
         out, got_grads = _grads(layer, xs, lens_t, weights)
     assert slices == [taken]
     want = oracle(*arrays, LENS[lens], params_of(layer), heads_of(kind), HIDDEN)
@@ -86,14 +88,15 @@ def test_slices_run_on_the_pool_under_the_callers_gradient_mode_and_settings(mon
             (
                 threading.current_thread().name,
                 paddle.is_grad_enabled(),
-                config.get_attention_chunks(),
+                config.tuner(),
             )
         )
         return attend(*args)
 
     monkeypatch.setattr(layer, "_attend", spy)
     xs = [tensor(x) for x in inputs(batch=4)]
-    with config.settings(attention_chunks=4):
+    given = Fixed(attention_chunks=4)
+    with config.settings(autotune=given):
         with paddle.no_grad():
             out = layer(*xs)
         assert out.stop_gradient
@@ -102,7 +105,7 @@ def test_slices_run_on_the_pool_under_the_callers_gradient_mode_and_settings(mon
     names = {name.startswith("multiattn-paddle") for name, _, _ in seen}
     assert names == {SIDE_BY_SIDE}, seen
     assert [grad for _, grad, _ in seen] == [False] * 4 + [True] * 4
-    assert {chunks for _, _, chunks in seen} == {4}
+    assert all(tuner is given for _, _, tuner in seen), seen
 
 
 def test_a_large_call_measures_the_slices_once_per_class(slices):
@@ -125,6 +128,20 @@ def test_a_large_call_measures_the_slices_once_per_class(slices):
     tuning.reset()
 
 
+def test_without_a_tuner_calls_run_in_one_piece_untimed(slices):
+    """autotune off: the document layers and the core's eager calls run in one piece,
+    nothing timed or recorded, however large the call."""
+    tuning.reset()
+    layer = adapter.MultiHeadAttention(256, 128, 32, 128, 4)  # above SLICE_MIN_FLOPS
+    x = tensor(RNG.standard_normal((4, 256, 128)))
+    q = tensor(RNG.standard_normal((8, 4, 128, 16)))  # 2 MiB of scores
+    with config.settings(autotune=False), paddle.no_grad():
+        layer(x, x, x)
+        ops.scaled_dot_product_attention(q, q, q)
+        assert config.tuner() is None
+    assert slices == [] and tuning.decisions() == []
+
+
 def test_a_small_call_runs_in_one_piece_untimed(slices):
     tuning.reset()
     layer = make("mha")
@@ -145,7 +162,7 @@ def test_core_attention_slices_give_the_oracle_values_and_gradients(slices, mask
     g = RNG.standard_normal((b, h, t, d))
 
     def run(chunks):
-        with config.settings(attention_chunks=chunks, fused_attention=False):
+        with config.settings(autotune=Fixed(attention_chunks=chunks), fused_attention=False):
             out = ops.scaled_dot_product_attention(*xs, **kw)
         return out, paddle_grads(paddle.sum(out * tensor(g, "float64")), xs)
 
@@ -194,7 +211,7 @@ def test_a_forked_child_runs_its_slices_on_a_pool_of_its_own():
         pytest.skip("no fork, or one CPU: the slices run in turn")
     layer = make("mha", seed=6)
     xs = [tensor(x) for x in inputs(batch=4)]
-    with config.settings(attention_chunks=2):
+    with config.settings(autotune=Fixed(attention_chunks=2)):
         want = to_np(layer(*xs))  # the parent's pool exists now
         read, write = os.pipe()
         pid = os.fork()
@@ -224,7 +241,7 @@ def test_a_static_graph_takes_the_slices_in_one_program(slices):
     layer.eval()
     x = tensor(RNG.standard_normal((4, 6, 8)))
     want = to_np(layer(x, x, causal=True))
-    with config.settings(attention_chunks=2):
+    with config.settings(autotune=Fixed(attention_chunks=2)):
         static = paddle.jit.to_static(layer)
         got = static(x, x, causal=True)
     assert 2 in slices

@@ -956,10 +956,11 @@ def test_core_input_errors_on_paddle_tensors():
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_attention_gradients_match_finite_differences_of_the_oracle(dtype, backward, monkeypatch):
     """The explicit path differentiated by Paddle, and by its own backward pass
-    (`multiattn.ops.explicit_grad`, ``settings(attention_backward="recompute" |
-    "saved")``)."""
+    (`multiattn.ops.explicit_grad`,
+    ``settings(autotune=Fixed(attention_backward="recompute"))`` or ``"saved"``)."""
     from multiattn import config
     from multiattn.ops import explicit_grad
+    from multiattn.tuning import Fixed
 
     taken = []
     original = explicit_grad.attention
@@ -971,7 +972,7 @@ def test_attention_gradients_match_finite_differences_of_the_oracle(dtype, backw
     lens = np.array([[2, 0, 5, 5, 1, 3, 5, 4, 2], [1, 4, 3, 0, 5, 5, 2, 1, 1]])
     weights = RNG.standard_normal((2, 9, 3))
     leaves = [tensor(a, dtype, grad=True) for a in (q, k, v)]
-    with config.settings(attention_backward=backward):
+    with config.settings(autotune=Fixed(attention_backward=backward)):
         out = ops.scaled_dot_product_attention(*leaves, valid_lens=paddle.to_tensor(lens))
     loss = PNS.sum(out * tensor(weights, dtype))
     got = paddle_grads(loss, leaves)
