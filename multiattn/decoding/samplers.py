@@ -87,10 +87,10 @@ class Greedy(Sampler):
         """int64 ``(batch,)``: the argmax of float ``(batch, vocab)`` ``logits``."""
         return np.argmax(_as_logits("Greedy", logits), axis=-1).astype(np.int64)
 
-    def choose_in_graph(self, ops: Any, logits: Any) -> Any:
+    def choose_in_graph(self, kops: Any, logits: Any) -> Any:
         """int32 ``(batch,)``: the argmax of the float ``(batch, vocab)`` tensor ``logits``
-        through ``ops`` (``keras.ops``), for a compiled loop."""
-        return ops.cast(ops.argmax(logits, axis=-1), "int32")
+        through ``kops`` (``keras.ops``), for a compiled loop."""
+        return kops.cast(kops.argmax(logits, axis=-1), "int32")
 
     def __repr__(self) -> str:
         return "Greedy()"

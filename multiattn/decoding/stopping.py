@@ -72,15 +72,15 @@ class Stopping:
         token = np.where(done, self.pad_token_id, token)
         return token, done | np.isin(token, self.eos_token_ids)
 
-    def update_in_graph(self, ops: Any, token: Any, done: Any) -> tuple[Any, Any]:
-        """`update` as tensor operations of the ``keras.ops``-shaped namespace ``ops``
+    def update_in_graph(self, kops: Any, token: Any, done: Any) -> tuple[Any, Any]:
+        """`update` as tensor operations of the ``keras.ops``-shaped namespace ``kops``
         (int32 ``(batch,)`` ``token``, bool ``(batch,)`` ``done``), for a compiled loop."""
         if not self.eos_token_ids:
             return token, done
-        stop = ops.convert_to_tensor(np.asarray(self.eos_token_ids, np.int32))
-        token = ops.where(done, self.pad_token_id, token)
-        ended = ops.any(ops.equal(ops.expand_dims(token, 1), stop), axis=1)
-        return token, ops.logical_or(done, ended)
+        stop = kops.convert_to_tensor(np.asarray(self.eos_token_ids, np.int32))
+        token = kops.where(done, self.pad_token_id, token)
+        ended = kops.any(kops.equal(kops.expand_dims(token, 1), stop), axis=1)
+        return token, kops.logical_or(done, ended)
 
 
 def make_stopping(
