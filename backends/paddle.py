@@ -6,7 +6,7 @@ Importing this module
    in one process segfaults; ImportError explains the fix when TensorFlow came first);
 2. picks Keras' numpy backend when Keras is not imported yet and ``KERAS_BACKEND`` is
    unset (the Paddle path needs no other framework);
-3. registers `multiattn.backends._paddle_ops.PaddleNamespace` for ``paddle.Tensor``, so
+3. registers `multiattn.namespaces.paddle.PaddleNamespace` for ``paddle.Tensor``, so
    every `multiattn.ops` function runs on Paddle tensors with Paddle autograd.
 
 The layers reproduce the document's behaviour and are thin: they convert arguments, run
@@ -31,9 +31,9 @@ import os
 import sys
 from typing import Any
 
-# First of all: importing _paddle_ops checks the import order (ImportError when TensorFlow
+# First of all: importing the Paddle namespace checks the import order (ImportError when TensorFlow
 # came first) and then imports paddle, before anything below could load TensorFlow.
-from ._paddle_ops import PaddleNamespace, check_import_order, cpu_threads
+from ..namespaces.paddle import PaddleNamespace, check_import_order, cpu_threads
 
 check_import_order()  # a no-op once the import above succeeded; states the invariant
 
@@ -45,7 +45,7 @@ if "keras" not in sys.modules and "KERAS_BACKEND" not in os.environ:
 
 from .. import config  # noqa: E402
 from .. import ops as core  # noqa: E402
-from .._namespace import framework_of, get_ops, register_namespace  # noqa: E402
+from ..namespaces.keras import framework_of, get_ops, register_namespace  # noqa: E402
 
 __all__ = ["FILL_VALUE", "DotProductAttention", "MultiHeadAttention", "PaddleNamespace"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from multiattn._namespace import get_ops
+from multiattn.namespaces.keras import get_ops
 
 from .autodiff import value_and_grad
 from .cases import core_ops

@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from ._namespace import owned_caches
+from .namespaces.keras import owned_caches
 
 __all__ = [
     "AUTOTUNE_ENV_VAR",

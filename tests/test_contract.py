@@ -1,5 +1,5 @@
 """The namespace contract against the library: every ``ops.<name>`` the library uses is
-declared in `multiattn._contract.Namespace`, and every Keras namespace class implements
+declared in `multiattn.namespaces.contract.Namespace`, and every Keras namespace class implements
 the contract (the Paddle namespace is checked in ``tests/paddle/test_ops.py``). Imports
 no framework."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from multiattn import _contract, _namespace
+from multiattn.namespaces import contract as _contract
+from multiattn.namespaces import keras as _namespace
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for d in ("multiattn", "backends") for p in (ROOT / d).rglob("*.py"))

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multiattn import _contract
+from multiattn.namespaces import contract as _contract
 from multiattn.ops import blockwise
 from multiattn.ops import plan as plan_module
 from multiattn.ops.plan import (

@@ -2,7 +2,7 @@
 or ``tf.function(jit_compile=True)``), the key that selects a TensorFlow trace
 (`signature`) and the caches carried without their unit axes (`without_unit_axes`).
 
-Either way the `multiattn._namespace.owned_caches` block in force at the call
+Either way the `multiattn.namespaces.keras.owned_caches` block in force at the call
 (`cache_scope`) and the settings that shape attention (`multiattn.config.fingerprint`)
 are arguments that select the trace: a trace made under one block or one setting is not
 reused under another.
@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import optree
 
-from .._namespace import cache_kept_axes, cache_scope, enter_cache_scope
+from ..namespaces.keras import cache_kept_axes, cache_scope, enter_cache_scope
 
 __all__ = ["signature", "with_unit_axes", "without_unit_axes", "xla_function"]
 

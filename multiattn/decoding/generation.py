@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ._checks import check_int
 from .samplers import make_sampler
 from .stopping import make_stopping

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 import keras
 import numpy as np
 
-from .._namespace import framework_of, get_ops, owned_caches
+from ..namespaces.keras import framework_of, get_ops, owned_caches
 from ..ops.attention import all_finite
 from .compiled import with_unit_axes, without_unit_axes, xla_function
 from .samplers import Sampler

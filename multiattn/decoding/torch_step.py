@@ -14,15 +14,15 @@ What makes a recording replay correctly for other inputs:
   input of the recording; NumPy arrays and NumPy scalars are turned into tensors first,
   so the cache index is recorded as a tensor, not as a number;
 * while it records, the torch namespace treats every tensor as symbolic
-  (`multiattn._namespace` ``is_symbolic``), as under ``jax.jit``: the cache index is a
+  (`multiattn.namespaces.keras` ``is_symbolic``), as under ``jax.jit``: the cache index is a
   traced position (a masked attention over every cache slot and a select that writes the
   new keys and values) rather than a value read once, and ``cond`` runs both branches and
   selects between their results instead of recording the branch taken;
 * where the step branches on a tensor's value (``cond``: the attention's test for
   non-finite inputs), the recording keeps the branch taken and returns the predicate
   as a guard; a replay whose guards take another branch is thrown away and that step
-  runs eagerly (`multiattn._namespace.torch_trace_guards`). Inside
-  `multiattn._namespace.owned_caches` the thrown-away replay has already written its
+  runs eagerly (`multiattn.namespaces.keras.torch_trace_guards`). Inside
+  `multiattn.namespaces.keras.owned_caches` the thrown-away replay has already written its
   keys and values into the caches; the eager step computes and writes the same ones;
 * the weights are constants of the recording: it is traced from a module that holds
   them (read through ``keras.StatelessScope``) and frozen (``torch.jit.freeze``), so what
@@ -34,7 +34,7 @@ What makes a recording replay correctly for other inputs:
   its folded constants (the joined kernels, where the step joins them);
 * arguments that are not arrays (None, Python numbers) are part of the key that selects a
   recording, with the shapes and dtypes of the tensors, the enclosing
-  `multiattn._namespace.owned_caches` block (what it vouches for changes what is
+  `multiattn.namespaces.keras.owned_caches` block (what it vouches for changes what is
   recorded) and the settings that shape attention (`multiattn.config.fingerprint`: a
   ``settings(fused_attention=False)`` block records a step of its own).
 
@@ -116,7 +116,7 @@ class TracedStep:
         import torch
 
         from .. import config
-        from .._namespace import cache_scope
+        from ..namespaces.keras import cache_scope
 
         tensors: list = []
         skeleton = _split(args, tensors, torch)
@@ -147,7 +147,7 @@ class TracedStep:
         import keras
         import torch
 
-        from .._namespace import torch_trace_guards
+        from ..namespaces.keras import torch_trace_guards
 
         variables, step, result, taken = self._variables, self._step, [], []
 

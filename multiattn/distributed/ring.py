@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from .._checks import HALF_DTYPES, check_float, check_scale, fmt_shape, shape_of
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ..ops import blockwise, masking
 from ..ops.masking import check_valid_lens
 

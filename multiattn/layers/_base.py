@@ -16,7 +16,7 @@ from .._checks import (
     fmt_shape,
     shape_of,
 )
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 
 
 def static_width(where: str, name: str, shape: Any, rank: int = 3) -> int:

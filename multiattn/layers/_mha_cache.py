@@ -17,7 +17,7 @@ may attend.
 attention over the filled prefix alone), else an int32 scalar tensor (``jax.jit`` /
 ``tf.function``): then a traced index out of range writes nothing and the step's output
 is NaN (``in_range``), unless the caller checked it
-(`multiattn._namespace.owned_caches`).
+(`multiattn.namespaces.keras.owned_caches`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import keras
 
 from .._checks import FLOAT_DTYPES, check_positive_int, describe, fmt_shape, shape_of
-from .._namespace import cache_index_checked, cache_values_checked, caches_owned
+from ..namespaces.keras import cache_index_checked, cache_values_checked, caches_owned
 from ..ops.masking import check_bias
 from ._mha_checks import check_kv_pair
 from .rotary import check_offset
@@ -78,7 +78,7 @@ def write(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> A
     dynamic update slice ``keras.ops.slice_update`` lowers to; a concatenation has one).
     A traced ``index`` (``jax.jit`` / ``tf.function``) goes to `write_select`.
 
-    Inside `multiattn._namespace.owned_caches` (``generate``), a namespace that
+    Inside `multiattn.namespaces.keras.owned_caches` (``generate``), a namespace that
     ``writes_in_place`` writes ``new`` into ``cache`` itself (`write_owned`).
     """
     new = ops.transpose(ops.cast(new, cache.dtype), (0, 2, 1, 3))
@@ -97,7 +97,7 @@ def write(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> A
 
 def write_owned(ops: Any, cache: Any, new: Any, index: Any, in_range: Any = None) -> Any:
     """`write` of ``new`` ``(B, H, t, D)`` into a cache its caller owns
-    (`multiattn._namespace.owned_caches`): the namespace's ``write_cache``, whose cost
+    (`multiattn.namespaces.keras.owned_caches`): the namespace's ``write_cache``, whose cost
     follows the tokens written. Where ``in_range`` is False, the tokens at position 0 are
     written back unchanged."""
     if in_range is not None:

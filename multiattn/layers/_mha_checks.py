@@ -26,7 +26,7 @@ from .._checks import (
     fmt_shape,
     shape_of,
 )
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ..ops.masking import check_bias
 from ..ops.rotary import _check_base, check_rotary_dim, check_rotary_scaling
 

@@ -24,7 +24,7 @@ from typing import Any
 import keras
 
 from .._checks import shape_of
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ._base import fresh_initializer
 from ._mha_checks import (
     check_key_value_inputs,

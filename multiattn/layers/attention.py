@@ -13,7 +13,7 @@ from .._checks import (
     check_rate,
     check_scale,
 )
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ..ops.attention import scaled_dot_product_attention, score_attention
 from ..ops.scoring import additive_scores
 from ._base import (

@@ -7,7 +7,7 @@ from typing import Any
 import keras
 
 from .._checks import broadcast_shape, check_flag, check_float, check_rank, shape_of
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ..ops.masking import check_valid_lens
 from ._base import (
     as_mask,

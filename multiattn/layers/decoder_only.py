@@ -8,7 +8,7 @@ from typing import Any
 import keras
 
 from .._checks import check_flag, check_float, check_positive_int, check_rate, describe
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ..ops.activations import check_activation
 from ..ops.normalization import check_epsilon
 from ._base import (

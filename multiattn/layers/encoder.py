@@ -7,7 +7,7 @@ from typing import Any
 import keras
 
 from .._checks import broadcast_shape, check_flag, check_float, check_rank, shape_of
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ._base import (
     as_mask,
     check_input_width,

@@ -7,7 +7,7 @@ from typing import Any
 import keras
 
 from .._checks import check_flag, check_positive_int, check_rank, check_rate, describe, fmt_shape
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ._base import check_layer_seed, get_initializer
 from .attention import AdditiveAttention
 

@@ -7,7 +7,7 @@ from typing import Any
 import keras
 
 from .._checks import check_float, check_positive_int
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ..ops.activations import activation as apply_activation
 from ..ops.activations import check_activation
 from ._base import (

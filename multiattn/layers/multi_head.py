@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 from .._checks import check_flag, check_rate, fmt_shape, shape_of
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ..ops.attention import attend
 from ._base import (
     call_sublayer,

@@ -8,7 +8,7 @@ from typing import Any
 import keras
 
 from .._checks import as_array, check_float, fmt_shape, shape_of
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ..ops.normalization import RMS_NORM_EPSILON, check_epsilon, layer_norm, rms_norm
 
 __all__ = ["LayerNormalization", "RMSNormalization"]

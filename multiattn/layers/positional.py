@@ -14,7 +14,7 @@ from .._checks import (
     check_rate,
     fmt_shape,
 )
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ..ops.positional import PE_LAYOUTS, sinusoidal_table
 from ._base import check_input_width, get_initializer, seed_generator, static_width
 from .rotary import check_offset, table_rows

@@ -15,7 +15,7 @@ from .._checks import (
     fmt_shape,
     shape_of,
 )
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ..ops.rotary import (
     _check_base,
     apply_rotary,

@@ -22,7 +22,7 @@ from .._checks import (
     describe,
     fmt_shape,
 )
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from ..ops.masking import valid_lens_to_mask
 from ._base import check_layer_seed, seed_generator, static_width
 from .attention import AdditiveAttention

@@ -22,10 +22,10 @@ import keras
 import numpy as np
 
 from .._checks import check_positive_int
-from .._namespace import get_ops
 from ..decoding.generation import GenerationMixin, check_lengths, left_padded_prompt
 from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnlyLayer
 from ..layers._base import call_sublayer
+from ..namespaces.keras import get_ops
 from .bert import assign_weight
 
 __all__ = ["CausalLM"]

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from .._checks import HALF_DTYPES, as_array, check_float, to_tensor
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 
 __all__ = ["ACTIVATIONS", "activation", "check_activation"]
 

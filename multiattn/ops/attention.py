@@ -50,7 +50,7 @@ from .._checks import (
     shape_of,
     to_tensor,
 )
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 from . import blockwise, blockwise_grad, explicit_grad, plan
 from .masking import (
     block_keep,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._checks import as_array, check_choice, check_positive_int, check_rank, fmt_shape, shape_of
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 
 __all__ = ["HEAD_LAYOUTS", "merge_heads", "split_heads"]
 

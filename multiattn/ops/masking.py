@@ -23,7 +23,7 @@ from .._checks import (
     to_tensor,
 )
 from .._checks import concrete as _concrete
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 
 __all__ = ["causal_mask", "combine_masks", "masked_softmax", "valid_lens_to_mask"]
 

@@ -17,7 +17,7 @@ from .._checks import (
     shape_of,
     to_tensor,
 )
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 
 __all__ = ["RMS_NORM_EPSILON", "layer_norm", "rms_norm"]
 

@@ -93,7 +93,7 @@ def _check_choice(name: str, value: Any, choices: tuple) -> None:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a namespace offers the planner (the flags of `multiattn._contract`)."""
+    """What a namespace offers the planner (the flags of `multiattn.namespaces.contract`)."""
 
     has_fused_attention: bool = False
     fused_attention_streams: bool = False

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_choice, check_positive_int
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 
 __all__ = ["PE_LAYOUTS", "alibi_bias", "sinusoidal_encoding"]
 

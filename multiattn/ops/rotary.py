@@ -31,7 +31,7 @@ from .._checks import (
     shape_of,
     to_tensor,
 )
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 
 __all__ = [
     "ROTARY_SCALINGS",

@@ -20,7 +20,7 @@ from .._checks import (
     fmt_shape,
     shape_of,
 )
-from .._namespace import get_ops
+from ..namespaces.keras import get_ops
 
 __all__ = ["additive_scores", "dot_scores", "general_scores", "scaled_dot_scores"]
 

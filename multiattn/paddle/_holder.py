@@ -25,7 +25,7 @@ import numpy as np
 import paddle
 
 from .._checks import describe
-from .._namespace import framework_of, get_ops
+from ..namespaces.keras import framework_of, get_ops
 from ..ops.activations import activation, check_activation
 
 __all__ = ["Dropout", "EinsumDense", "KerasLayerNormalization", "PaddleLayer", "keras_on_paddle"]
@@ -526,7 +526,7 @@ def _scalar_or_tensor(x: Any, like: Any) -> Any:
 
 class _KerasOps:
     """``keras.ops`` as the definitions see it on Paddle: the operations of the Paddle
-    namespace (`multiattn.backends._paddle_ops`), and Paddle's own functions for the few
+    namespace (`multiattn.namespaces.paddle`), and Paddle's own functions for the few
     ``keras.ops`` names outside the namespace contract that the model definitions use
     (each with the ``keras.ops`` meaning)."""
 

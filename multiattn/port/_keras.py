@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from .._namespace import framework_of, get_ops
+from ..namespaces.keras import framework_of, get_ops
 from .layout import (
     BEHAVIOUR_KEYS,
     DEFAULT_ROTARY_BASE,

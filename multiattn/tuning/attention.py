@@ -104,7 +104,7 @@ def fused_attention_pays(
     trace time outside the trace, each call running the candidate as many times as reach
     `FLOP_CAP` in a compiled loop (`_compiled`). Where nothing can be timed (Keras symbolic tensors, ``torch.compile``,
     a length unknown at trace time) the class's earlier decision is used, else the
-    namespace's ``fused_attention_pays`` (`multiattn._contract.Namespace`). Keys and
+    namespace's ``fused_attention_pays`` (`multiattn.namespaces.contract.Namespace`). Keys and
     values heads first under XLA (a cache in a compiled step) take the explicit path
     without timing: timed alone the two tie, but in a loop that carries the cache the
     fused kernel's layout copies the cache on every step (`_CACHE_UNDER_XLA`).

@@ -3,7 +3,7 @@
 
 A tuner is what `multiattn.config.tuner` returns when a call's choices are not left to
 their static defaults; the attention planner (`multiattn.ops.attention`), PyTorch's
-projections (`multiattn._namespace`) and the Paddle document layers ask it through that
+projections (`multiattn.namespaces.keras`) and the Paddle document layers ask it through that
 one function, and never import this package. Its three methods:
 
 * ``attention(ops, spec, query, key, value, kv_heads_first, candidates)``: the

@@ -172,7 +172,7 @@ def matmul_bias(
     a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, measure: bool = False
 ) -> torch.Tensor:
     """``a (N, K) @ b (K, M) (+ bias (M,))``, differentiable; float32 CPU tensors only (the
-    caller checks, see `multiattn._namespace.KerasNamespace.linear`). ``measure=False``:
+    caller checks, see `multiattn.namespaces.keras.KerasNamespace.linear`). ``measure=False``:
     every product (forward and backward) on oneDNN; ``True``: each on the library `route`
     measured faster for its shape class. While ``torch.jit.trace`` records the call,
     every product is BLAS's (oneDNN's operator cannot be recorded). Where nothing needs

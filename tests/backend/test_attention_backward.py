@@ -24,7 +24,7 @@ from _support import (
 
 from multiattn import config, ops, tuning
 from multiattn import reference as ref
-from multiattn._namespace import get_ops, keras_namespace
+from multiattn.namespaces.keras import get_ops, keras_namespace
 from multiattn.ops import attention as core
 from multiattn.ops import explicit_grad
 from multiattn.ops.masking import softmax_lse, softmax_where

@@ -24,7 +24,7 @@ from _support import (
 
 from multiattn import config, ops, tuning
 from multiattn import reference as ref
-from multiattn._namespace import keras_namespace
+from multiattn.namespaces.keras import keras_namespace
 from multiattn.ops import plan
 from multiattn.tuning import Fixed, choices
 

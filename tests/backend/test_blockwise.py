@@ -19,7 +19,7 @@ from _support import (
 
 from multiattn import config, layers, ops
 from multiattn import reference as ref
-from multiattn._namespace import get_ops
+from multiattn.namespaces.keras import get_ops
 from multiattn.ops import attention, blockwise, blockwise_grad
 
 RNG = np.random.default_rng(23)

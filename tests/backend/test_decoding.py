@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from multiattn import layers, ops
 from multiattn import reference as ref
-from multiattn._namespace import get_ops
 from multiattn.config import owned_caches
+from multiattn.namespaces.keras import get_ops
 from multiattn.ops.attention import attend
 
 RNG = np.random.default_rng(7)

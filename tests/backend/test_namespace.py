@@ -9,8 +9,8 @@ import pytest
 from _support import BACKEND, cast
 
 from multiattn import ops
-from multiattn._contract import check_namespace
-from multiattn._namespace import (
+from multiattn.namespaces.contract import check_namespace
+from multiattn.namespaces.keras import (
     _KERAS_NAMESPACES,
     KerasNamespace,
     framework_of,

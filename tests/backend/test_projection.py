@@ -11,7 +11,7 @@ import pytest
 from _support import BACKEND, DTYPES, LAYER_TOL, assert_close, cast, gradients, rounded
 
 from multiattn import config, tuning
-from multiattn._namespace import get_ops
+from multiattn.namespaces.keras import get_ops
 from multiattn.tuning import Fixed
 
 RNG = np.random.default_rng(7)

@@ -16,7 +16,7 @@ import pytest
 from _support import BACKEND, assert_close, cast
 
 from multiattn import config, tuning
-from multiattn._namespace import get_ops
+from multiattn.namespaces.keras import get_ops
 from multiattn.tuning import Fixed, _store, choices
 
 # the timing of choices is what these tests exercise

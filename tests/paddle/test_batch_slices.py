@@ -17,12 +17,12 @@ import numpy as np
 import paddle
 import pytest
 from _paddle_support import assert_close, paddle_grads, tensor, to_np
-from multiattn.backends import _paddle_ops
 from multiattn.backends import paddle as adapter
 from test_adapter import HIDDEN, LENS, OUT_TOL, heads_of, inputs, make, oracle, params_of
 
 from multiattn import config, ops, tuning
 from multiattn import reference as ref
+from multiattn.namespaces import paddle as _paddle_ops
 from multiattn.tuning import Fixed
 
 # the timing of choices is what these tests exercise

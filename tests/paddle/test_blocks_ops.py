@@ -10,7 +10,7 @@ from _paddle_support import assert_close, rounded, tensor
 
 from multiattn import ops
 from multiattn import reference as ref
-from multiattn._namespace import get_ops
+from multiattn.namespaces.keras import get_ops
 
 RNG = np.random.default_rng(23)
 LLAMA3 = {

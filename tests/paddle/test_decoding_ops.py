@@ -8,7 +8,7 @@ from _paddle_support import TOL, assert_close, rounded, tensor, to_np
 
 from multiattn import ops
 from multiattn import reference as ref
-from multiattn._namespace import get_ops
+from multiattn.namespaces.keras import get_ops
 from multiattn.ops.attention import attend
 
 RNG = np.random.default_rng(5)

@@ -21,17 +21,17 @@ from _paddle_support import (
     tensor,
     to_np,
 )
-from multiattn.backends._paddle_ops import (
+
+from multiattn import ops
+from multiattn import reference as ref
+from multiattn.namespaces.contract import check_namespace
+from multiattn.namespaces.keras import KerasNamespace, get_ops, keras_namespace
+from multiattn.namespaces.paddle import (
     PaddleNamespace,
     einsum_by_broadcast,
     result_type,
     standardize_dtype,
 )
-
-from multiattn import ops
-from multiattn import reference as ref
-from multiattn._contract import check_namespace
-from multiattn._namespace import KerasNamespace, get_ops, keras_namespace
 
 PNS = get_ops(paddle.zeros([1]))
 KNS = keras_namespace()
@@ -111,7 +111,7 @@ def test_registration_dispatches_paddle_tensors_to_the_paddle_namespace():
 
 
 def test_paddle_namespace_implements_the_contract():
-    """Every operation and capability of `multiattn._contract.Namespace`, with compatible
+    """Every operation and capability of `multiattn.namespaces.contract.Namespace`, with compatible
     signatures (``tests/test_contract.py`` checks that the contract covers every
     operation the library uses)."""
     check_namespace(PNS)

@@ -18,7 +18,7 @@ from _paddle_support import (
 
 from multiattn import ops
 from multiattn import reference as ref
-from multiattn._namespace import get_ops
+from multiattn.namespaces.keras import get_ops
 
 PNS = get_ops(paddle.zeros([1]))
 RNG = np.random.default_rng(17)

@@ -2,7 +2,7 @@
 
 Every core function asks `get_ops` for the namespace that holds the operations it
 needs, passing the tensors it received. The namespace implements the contract of
-`multiattn._contract.Namespace`: by default `KerasNamespace` (``keras.ops`` plus the few
+`multiattn.namespaces.contract.Namespace`: by default `KerasNamespace` (``keras.ops`` plus the few
 helpers the core needs from ``keras.random`` and ``keras.backend``), one small subclass
 per Keras backend holding that backend's quirks, chosen once. A framework without a Keras
 backend (Paddle) registers a namespace of its own (`register_namespace`); the core then
@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._checks import shape_of
-from ._contract import Namespace, check_namespace
+from .._checks import shape_of
+from .contract import Namespace, check_namespace
 
 __all__ = [
     "KerasNamespace",
@@ -60,7 +60,7 @@ def owned_caches(index_checked: bool = False, values_checked: bool = False) -> I
     """Inside this block, the KV caches handed to the layers' cached calls belong to the
     caller, which needs no gradient through them and reads them only through what the
     layers return: a namespace with ``writes_in_place`` writes the new keys and values
-    into them (`multiattn._contract.Namespace.write_cache`) instead of making a new cache,
+    into them (`multiattn.namespaces.contract.Namespace.write_cache`) instead of making a new cache,
     a copy of the whole cache per call. ``generate`` decodes inside it
     (`multiattn.decoding.GenerationMixin`).
 
@@ -191,7 +191,7 @@ class KerasNamespace(Namespace):
         raise AttributeError(
             f"{type(self).__name__} has no attribute {item!r}: the core may use only the "
             "operations and capabilities of the namespace contract "
-            "(multiattn._contract.Namespace); add an operation there and to every namespace."
+            "(multiattn.namespaces.contract.Namespace); add an operation there and to every namespace."
         )
 
     # --- conversion, dtypes and shapes ----------------------------------------------------
@@ -568,7 +568,7 @@ class _TorchNamespace(KerasNamespace):
             and x.numel() > 0
         ):
             return super().linear(x, kernel, bias, contract)
-        from . import config
+        from .. import config
 
         shape = tuple(kernel.shape)
         k, n = math.prod(shape[:contract]), math.prod(shape[contract:])
@@ -896,7 +896,7 @@ def register_namespace(
             considered only while this module is imported.
         is_tensor: returns True for a tensor of that framework (asked once per type).
         factory: builds the namespace object (called once, lazily); what it returns must
-            implement `multiattn._contract.Namespace` (checked then: ``TypeError``
+            implement `multiattn.namespaces.contract.Namespace` (checked then: ``TypeError``
             naming what is missing).
     """
     if not isinstance(module, str) or not module or "." in module:

@@ -1,7 +1,7 @@
 """The ``keras.ops`` subset the multiattn core uses, implemented on Paddle tensors.
 
 Keras has no Paddle backend. The core reaches every array operation through
-`multiattn._namespace.get_ops`, so a namespace object whose methods have the
+`multiattn.namespaces.keras.get_ops`, so a namespace object whose methods have the
 ``keras.ops`` signatures and semantics, registered for ``paddle.Tensor``, makes the
 unchanged core run on Paddle tensors (with Paddle autograd). This module holds that
 object, `PaddleNamespace`; `multiattn.backends.paddle` registers it.
@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from .._contract import Namespace
-from .._namespace import batch_pieces, batch_views, framework_of, join_pieces
 from .._threads import kept_pool
 from ..config import process_cores
+from .contract import Namespace
+from .keras import batch_pieces, batch_views, framework_of, join_pieces
 
 __all__ = ["PaddleNamespace", "check_import_order"]
 
@@ -308,7 +308,7 @@ def _side_by_side(fn: Callable[..., Any], pieces: Sequence[tuple], like: Any) ->
 
 class PaddleNamespace(Namespace):
     """``keras.ops`` semantics on ``paddle.Tensor``: the namespace contract
-    (`multiattn._contract.Namespace`) the multiattn core uses.
+    (`multiattn.namespaces.contract.Namespace`) the multiattn core uses.
 
     Every method accepts Paddle tensors, NumPy arrays and Python scalars where
     ``keras.ops`` does, and returns Paddle tensors (dygraph); a tensor of another
@@ -792,7 +792,7 @@ class PaddleNamespace(Namespace):
         inputs: tuple,
     ) -> Any:
         """``forward(*inputs)[0]`` differentiated with ``backward`` (a Paddle
-        ``PyLayer``), as `multiattn._namespace.KerasNamespace.custom_gradient`:
+        ``PyLayer``), as `multiattn.namespaces.keras.KerasNamespace.custom_gradient`:
         ``forward`` returns ``(output, saved)``, ``backward(saved, d_output)`` one
         gradient per input; tensors the two close over get no gradient. Differentiable
         once: a gradient taken with ``create_graph=True`` raises ``RuntimeError``

@@ -1,11 +1,11 @@
 """The namespace contract: every operation and capability the core may use.
 
 The core (`multiattn.ops`, the layers, `multiattn.distributed`) computes only through
-the object `multiattn._namespace.get_ops` returns. `Namespace` lists what that object
+the object `multiattn.namespaces.keras.get_ops` returns. `Namespace` lists what that object
 holds: the operations, with the shapes and dtype rules the core relies on, and the
 capabilities, attributes the core reads instead of probing with ``hasattr``. One
-implementation per framework: `multiattn._namespace.KerasNamespace` (one small subclass
-per Keras backend) and `multiattn.backends._paddle_ops.PaddleNamespace`.
+implementation per framework: `multiattn.namespaces.keras.KerasNamespace` (one small subclass
+per Keras backend) and `multiattn.namespaces.paddle.PaddleNamespace`.
 
 The operations have ``keras.ops``' names, signatures and semantics (dtype promotion
 included), except where a docstring here says otherwise. Every operation accepts the
@@ -55,7 +55,7 @@ class Namespace(Protocol):
     #: `softmax` gives exactly 0 to a score ``3.4e38`` below its row's maximum. False: the
     #: core zeroes masked weights with a second `where` (`multiattn.ops.masking`).
     softmax_exact_zeros: bool = False
-    #: `write_cache` is implemented: inside `multiattn._namespace.owned_caches` the core
+    #: `write_cache` is implemented: inside `multiattn.namespaces.keras.owned_caches` the core
     #: writes new keys and values into a KV cache with it, at a cost that follows the
     #: tokens written. False: every write makes a new cache (a copy of the whole cache).
     writes_in_place: bool = False
@@ -332,7 +332,7 @@ class Namespace(Protocol):
         a donated argument), and returned. ``index`` is a Python int or a 0-d integer
         tensor with ``0 <= index <= L - t``. Nothing differentiates through the write.
         Called only where `writes_in_place` is True, inside
-        `multiattn._namespace.owned_caches`: the caller owns ``cache`` and reads it only
+        `multiattn.namespaces.keras.owned_caches`: the caller owns ``cache`` and reads it only
         through what the layers return."""
         raise NotImplementedError(
             f"{type(self).__name__}.write_cache: this namespace does not write caches in "
@@ -458,5 +458,5 @@ def check_namespace(namespace: Any) -> None:
     if problems:
         raise TypeError(
             f"{label} does not implement the namespace contract "
-            f"(multiattn._contract.Namespace): " + "; ".join(problems) + "."
+            f"(multiattn.namespaces.contract.Namespace): " + "; ".join(problems) + "."
         )
