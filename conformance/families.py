@@ -104,7 +104,7 @@ _OUTPUTS = ("logits", "last_hidden_state", "pooler_output", "encoder_last_hidden
 
 
 def _family(config: dict, folder: Path) -> Any:
-    from multiattn.models.hf_families import family_of
+    from multiattn.hf.families import family_of
 
     return family_of(config, str(folder))
 

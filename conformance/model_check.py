@@ -258,7 +258,7 @@ def _installed(framework: str) -> bool:
 def check_model(args: argparse.Namespace) -> dict:
     """The whole check: the report as a dict (also what ``--json`` writes)."""
     config = _config(args.model)
-    from multiattn.models.hf_families import family_of
+    from multiattn.hf.families import family_of
 
     family = family_of(config, str(args.model))
     inputs = make_inputs(config, family.inputs, args.batch, args.length, args.seed)

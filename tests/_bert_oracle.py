@@ -1,6 +1,6 @@
 """float64 oracle of the BERT sentence encoder, composed from `multiattn.reference` only.
 
-Weights use the neutral names of `multiattn.models.checkpoint`. Imports no framework (the
+Weights use the neutral names of `multiattn.hf.bert_weights`. Imports no framework (the
 backend and Paddle workers both use it).
 """
 

@@ -56,7 +56,7 @@ def reference(tmp_path_factory) -> np.ndarray:
 
 
 def test_sentences_are_varied_and_batches_padded():
-    from multiattn.models.checkpoint import minilm_dir, tokenize
+    from multiattn.hf.bert_weights import minilm_dir, tokenize
 
     example = _example()
     sentences = example.load_sentences()

@@ -1,4 +1,4 @@
-"""multiattn.models.checkpoint (imports no framework): BERT names and layouts to the
+"""multiattn.hf.bert_weights (imports no framework): BERT names and layouts to the
 neutral port layout, config reading, errors that name the tensor or key."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from _bert_oracle import EPSILON, SIZES, random_weights
 
-from multiattn.models.checkpoint import BertConfig, bert_to_neutral, layer_weights
+from multiattn.hf.bert_weights import BertConfig, bert_to_neutral, layer_weights
 
 CONFIG = BertConfig(
     vocab_size=SIZES["vocab_size"],
@@ -160,7 +160,7 @@ def _model_dir(folder, pooling_path: str = "1_Pooling"):
 
 
 def test_load_checkpoint_reads_a_model_folder(tmp_path):
-    from multiattn.models.checkpoint import load_checkpoint
+    from multiattn.hf.bert_weights import load_checkpoint
 
     config, options, weights = load_checkpoint(_model_dir(tmp_path / "m"))
     assert config == CONFIG and options.max_length == 10 and not options.normalize
@@ -170,7 +170,7 @@ def test_load_checkpoint_reads_a_model_folder(tmp_path):
 
 
 def test_paths_out_of_the_model_folder_are_refused(tmp_path):
-    from multiattn.models.checkpoint import load_checkpoint
+    from multiattn.hf.bert_weights import load_checkpoint
 
     # a pooling config outside the folder, which the old code would have read
     outside = tmp_path / "outside"
@@ -198,7 +198,7 @@ def test_paths_out_of_the_model_folder_are_refused(tmp_path):
 
 def test_root_allows_a_cache_layout(tmp_path):
     """A Hugging Face cache snapshot links its files into ../../blobs: allowed with `root`."""
-    from multiattn.models.checkpoint import load_checkpoint
+    from multiattn.hf.bert_weights import load_checkpoint
 
     repo = tmp_path / "models--x"
     source = _model_dir(tmp_path / "src")
@@ -238,7 +238,7 @@ def test_root_allows_a_cache_layout(tmp_path):
     ],
 )
 def test_malformed_files_name_the_key(tmp_path, file, content, match):
-    from multiattn.models.checkpoint import load_checkpoint
+    from multiattn.hf.bert_weights import load_checkpoint
 
     model = _model_dir(tmp_path / "m")
     if isinstance(content, dict) or content.startswith("drop:"):
@@ -254,7 +254,7 @@ def test_malformed_files_name_the_key(tmp_path, file, content, match):
 
 
 def test_unreadable_weights_are_named(tmp_path):
-    from multiattn.models.checkpoint import load_checkpoint
+    from multiattn.hf.bert_weights import load_checkpoint
 
     model = _model_dir(tmp_path / "m")
     data = (model / "model.safetensors").read_bytes()

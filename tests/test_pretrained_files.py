@@ -1,9 +1,9 @@
-"""The framework-free part of `multiattn.models.pretrained`: config options, tensor names
+"""The framework-free part of `multiattn.hf.pretrained`: config options, tensor names
 and shapes, safetensors files (single, sharded, truncated), pickles, atomic writing.
 
 The checkpoints here are written with ``safetensors.numpy`` from hand-written configs; the
 tensor names come from a listing written out below, independently of
-`multiattn.models.hf_families`. Numerics against transformers are in
+`multiattn.hf.families`. Numerics against transformers are in
 ``tests/backend/test_pretrained.py``.
 """
 
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multiattn.models import hf_files
-from multiattn.models.hf_families import FAMILIES, bert_entries, vit_entries
-from multiattn.models.hf_files import read_folder, write_folder
+from multiattn.hf import files as hf_files
+from multiattn.hf.families import FAMILIES, bert_entries, vit_entries
+from multiattn.hf.files import read_folder, write_folder
 
 BERT_CONFIG = {
     "model_type": "bert",
@@ -384,7 +384,7 @@ def test_modules_import_no_framework():
     import sys
 
     code = (
-        "import sys, multiattn.models.pretrained, multiattn.models.hf_files; "
+        "import sys, multiattn.hf.pretrained, multiattn.hf.files; "
         "loaded = [m for m in ('torch', 'tensorflow', 'jax', 'keras', 'paddle') "
         "if m in sys.modules]; assert not loaded, loaded"
     )

@@ -48,7 +48,7 @@ def reference_embeddings(sentences: list[str]) -> np.ndarray:
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging
 
-    from multiattn.models.checkpoint import minilm_dir
+    from multiattn.hf.bert_weights import minilm_dir
 
     logging.disable_progress_bar()
     model = SentenceTransformer(str(minilm_dir()), device="cpu")
@@ -65,7 +65,7 @@ def load_encoder(backend: str):
     else:
         os.environ["KERAS_BACKEND"] = backend
         from multiattn.models import bert as model_module
-    from multiattn.models.checkpoint import minilm_dir
+    from multiattn.hf.bert_weights import minilm_dir
 
     return model_module.from_checkpoint(minilm_dir())
 
@@ -73,7 +73,7 @@ def load_encoder(backend: str):
 def embed(encoder, options, sentences: list[str], batch_size: int = BATCH_SIZE) -> np.ndarray:
     """Embeddings ``(n, 384)`` as float32 NumPy, in batches of ``batch_size`` sentences in
     file order (short and long mixed), each right-padded to its longest sentence."""
-    from multiattn.models.checkpoint import minilm_dir, tokenize
+    from multiattn.hf.bert_weights import minilm_dir, tokenize
 
     parts = []
     for start in range(0, len(sentences), batch_size):

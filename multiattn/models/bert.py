@@ -4,7 +4,7 @@
 `multiattn.layers.TransformerEncoderLayer` blocks with exact GELU) under the embeddings
 BERT uses (token + position + token type, LayerNorm), followed by sentence-transformers'
 mean pooling over the real tokens and optional L2 normalisation. `from_checkpoint` reads
-a sentence-transformers directory (see `multiattn.models.checkpoint`) and loads the encoder
+a sentence-transformers directory (see `multiattn.hf.bert_weights`) and loads the encoder
 blocks through `multiattn.port.set_weights`.
 """
 
@@ -17,8 +17,8 @@ import keras
 import numpy as np
 
 from .._checks import check_positive_int
+from ..hf.bert_weights import SentenceOptions, bert_sizes, layer_weights, load_checkpoint
 from ..layers import LayerNormalization, TransformerEncoderLayer
-from .checkpoint import SentenceOptions, bert_sizes, layer_weights, load_checkpoint
 
 __all__ = [
     "BertModel",
@@ -270,8 +270,8 @@ class BertModel(_BertStack):
 
     @classmethod
     def from_sizes(cls, sizes: dict, pooler: bool, dtype: Any = None) -> BertModel:
-        """A built `BertModel` from `multiattn.models.hf_families` sizes (used by
-        `multiattn.models.pretrained`)."""
+        """A built `BertModel` from `multiattn.hf.families` sizes (used by
+        `multiattn.hf.pretrained`)."""
         keys = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                 "max_positions", "type_vocab_size", "epsilon")  # fmt: skip
         model = cls(**{k: sizes[k] for k in keys}, add_pooling_layer=pooler, dtype=dtype)
@@ -286,7 +286,7 @@ class BertModel(_BertStack):
 
 
 def set_bert_weights(encoder: _BertStack, weights: dict[str, np.ndarray]) -> None:
-    """Assign neutral BERT weights (`multiattn.models.checkpoint` names) to ``encoder``
+    """Assign neutral BERT weights (`multiattn.hf.bert_weights` names) to ``encoder``
     (a `BertSentenceEncoder` or `BertModel`; the latter's pooler takes ``pooler/kernel``
     ``(hidden, hidden)`` and ``pooler/bias``).
 

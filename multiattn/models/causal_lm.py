@@ -5,7 +5,7 @@ tensorflow; numpy for inference), with greedy and sampled generation through the
 position embeddings for GPT-2), pre-norm `multiattn.layers.TransformerDecoderOnlyLayer`
 blocks (rotary positions inside the attention for the others), a final normalisation and
 the output projection to the vocabulary (tied to the word embeddings or not). The family
-only chooses the constructor arguments (`multiattn.models.hf_causal_lm`); there is one
+only chooses the constructor arguments (`multiattn.hf.causal_lm`); there is one
 forward pass.
 
 Positions of a left-padded batch are those transformers computes from the mask: a real
@@ -278,11 +278,11 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
             "fused_qkv": self.fused_qkv,
         }  # fmt: skip
 
-    # --- the protocol of `multiattn.models.pretrained` --------------------------------
+    # --- the protocol of `multiattn.hf.pretrained` --------------------------------
 
     @classmethod
     def from_sizes(cls, sizes: dict, pooler: bool = False, dtype: Any = None) -> CausalLM:
-        """A built `CausalLM` from `multiattn.models.hf_causal_lm` sizes."""
+        """A built `CausalLM` from `multiattn.hf.causal_lm` sizes."""
         model = cls(**sizes, dtype=dtype)
         model.build()
         return model
@@ -301,7 +301,7 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         return out
 
     def set_neutral_weights(self, weights: dict[str, np.ndarray]) -> None:
-        """Assign neutral weights (`multiattn.models.hf_causal_lm` names)."""
+        """Assign neutral weights (`multiattn.hf.causal_lm` names)."""
         weights = _split_qkv(self, weights) if self.fused_qkv else weights
         for name, variable in self._variables().items():
             assign_weight(name, variable, weights, "CausalLM")

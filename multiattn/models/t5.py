@@ -374,11 +374,11 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
             "scale_output": self.scale_output,
         }  # fmt: skip
 
-    # --- the protocol of `multiattn.models.pretrained` --------------------------------
+    # --- the protocol of `multiattn.hf.pretrained` --------------------------------
 
     @classmethod
     def from_sizes(cls, sizes: dict, pooler: bool = False, dtype: Any = None):
-        """A built model from `multiattn.models.hf_t5` sizes."""
+        """A built model from `multiattn.hf.t5` sizes."""
         model = cls(**sizes, dtype=dtype)
         model.build()
         return model
@@ -396,7 +396,7 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
         return out
 
     def set_neutral_weights(self, weights: dict[str, np.ndarray]) -> None:
-        """Assign neutral weights (`multiattn.models.hf_t5` names)."""
+        """Assign neutral weights (`multiattn.hf.t5` names)."""
         for name, variable in self._variables().items():
             assign_weight(name, variable, weights, "T5ForConditionalGeneration")
 

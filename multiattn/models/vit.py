@@ -18,9 +18,9 @@ import keras
 import numpy as np
 
 from .._checks import check_positive_int
+from ..hf.families import POOLER_ACTIVATIONS as _POOLER_ACTIVATIONS
 from ..layers import LayerNormalization, TransformerEncoderLayer
 from .bert import assign_weight, pooler_activation
-from .hf_families import POOLER_ACTIVATIONS as _POOLER_ACTIVATIONS
 
 __all__ = ["ViTModel"]
 
@@ -207,11 +207,11 @@ class ViTModel(keras.layers.Layer):
             "pooler_act": self.pooler_act,
         }
 
-    # --- the protocol of `multiattn.models.pretrained` --------------------------------
+    # --- the protocol of `multiattn.hf.pretrained` --------------------------------
 
     @classmethod
     def from_sizes(cls, sizes: dict, pooler: bool, dtype: Any = None) -> ViTModel:
-        """A built `ViTModel` from `multiattn.models.hf_families` sizes."""
+        """A built `ViTModel` from `multiattn.hf.families` sizes."""
         keys = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "image_size",
                 "patch_size", "num_channels", "epsilon", "pooler_output_size", "pooler_act")  # fmt: skip
         model = cls(**{k: sizes[k] for k in keys}, add_pooling_layer=pooler, dtype=dtype)
@@ -232,7 +232,7 @@ class ViTModel(keras.layers.Layer):
         return out
 
     def set_neutral_weights(self, weights: dict[str, np.ndarray]) -> None:
-        """Assign neutral weights (`multiattn.models.hf_families` ViT names); the blocks
+        """Assign neutral weights (`multiattn.hf.families` ViT names); the blocks
         through `multiattn.port.set_weights`. A missing ``layer_<i>/attention/*/bias``
         (``qkv_bias=False``) is zero."""
         from ..port import set_weights

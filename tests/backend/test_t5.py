@@ -25,7 +25,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from multiattn.models.pretrained import from_pretrained  # noqa: E402
+from multiattn.hf.pretrained import from_pretrained  # noqa: E402
 from multiattn.models.t5 import relative_buckets  # noqa: E402
 
 VOCAB = 64

@@ -8,7 +8,7 @@ import paddle
 import pytest
 from _bert_oracle import EPSILON, SIZES, random_batch, random_weights, sentence_embedding
 
-from multiattn.models.checkpoint import BertConfig, bert_sizes
+from multiattn.hf.bert_weights import BertConfig, bert_sizes
 from multiattn.paddle.models import BertSentenceEncoder, set_bert_weights
 
 CONFIG = BertConfig(

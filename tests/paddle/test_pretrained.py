@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 from _hf_models import build, left_padded_batch  # noqa: E402
 
-from multiattn.models.pretrained import PretrainedCausalLM, from_pretrained  # noqa: E402
+from multiattn.hf.pretrained import PretrainedCausalLM, from_pretrained  # noqa: E402
 
 VOCAB, CONTEXT = 64, 40
 LLAMA = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,

@@ -2,7 +2,7 @@
 
 `read_folder` reads ``config.json`` and the weights (``model.safetensors``, a sharded
 ``model.safetensors.index.json``, or a ``pytorch_model.bin`` pickle only with
-``trust_pickle=True``), picks the `multiattn.models.hf_families.Family` from
+``trust_pickle=True``), picks the `multiattn.hf.families.Family` from
 ``model_type``, refuses config options it does not implement, and checks every tensor's
 name and shape against the config; it returns neutral NumPy weights. `write_folder` writes
 ``config.json`` and ``model.safetensors`` into a temporary sibling folder and renames it
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import _inside, _read_json
-from .hf_families import Family, family_of, from_hf, to_hf
+from .bert_weights import _inside, _read_json
+from .families import Family, family_of, from_hf, to_hf
 
 __all__ = ["Loaded", "check_state", "read_folder", "read_state", "write_folder"]
 

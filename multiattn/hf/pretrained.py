@@ -2,9 +2,9 @@
 
 ``from_pretrained(path)`` reads a folder written by transformers' ``save_pretrained``
 (``config.json`` and ``model.safetensors`` or a sharded ``model.safetensors.index.json``),
-picks the family from ``model_type`` (`multiattn.models.hf_families.FAMILIES`: ``bert``,
+picks the family from ``model_type`` (`multiattn.hf.families.FAMILIES`: ``bert``,
 ``vit``, the causal language models ``gpt2``, ``llama``, ``qwen2``, ``mistral``, and
-the encoder-decoder ``t5``), checks the config and every tensor (`multiattn.models.hf_files`) and returns a
+the encoder-decoder ``t5``), checks the config and every tensor (`multiattn.hf.files`) and returns a
 `PretrainedModel`: a Keras layer built from multiattn layers holding the weights, callable
 with transformers' argument names, with a `PretrainedModel.save_pretrained` that
 transformers reads back bit for bit.
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .hf_families import Family, to_hf
-from .hf_files import read_folder, write_folder
+from .families import Family, to_hf
+from .files import read_folder, write_folder
 
 __all__ = ["DTYPES", "FRAMEWORKS", "PretrainedCausalLM", "PretrainedModel", "from_pretrained"]
 
@@ -33,7 +33,7 @@ class PretrainedModel:
     """A loaded Hugging Face base model on the process's Keras backend.
 
     Attributes:
-        family: the `multiattn.models.hf_families.Family` (``family.model_type``).
+        family: the `multiattn.hf.families.Family` (``family.model_type``).
         config: the ``config.json`` object it was loaded from (written back by
             `save_pretrained`).
         layer: the Keras layer (`multiattn.models.bert.BertModel` or

@@ -1,11 +1,11 @@
-"""What every family table of `multiattn.models.hf_families` is built from (no framework).
+"""What every family table of `multiattn.hf.families` is built from (no framework).
 
 `Entry` (one tensor: the Hugging Face name and shape, the neutral name and the exact
 transform between the two), `Family` (one ``model_type``: its config keys, checked, and
 its tensor table), the config keys every family accepts or fixes (`COMMON_INERT`,
 `COMMON_FIXED`) and the checked readers of config values. It imports no other module of
-the package, so `multiattn.models.hf_families` (the registry, `FAMILIES`) and the family
-modules it lists (`multiattn.models.hf_causal_lm`, `multiattn.models.hf_t5`) all import
+the package, so `multiattn.hf.families` (the registry, `FAMILIES`) and the family
+modules it lists (`multiattn.hf.causal_lm`, `multiattn.hf.t5`) all import
 it without importing one another in a circle.
 """
 

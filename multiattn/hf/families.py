@@ -1,4 +1,4 @@
-"""The model families `multiattn.models.pretrained` loads: config options and tensor tables.
+"""The model families `multiattn.hf.pretrained` loads: config options and tensor tables.
 
 Imports no framework. Each `Family` says, for one Hugging Face ``model_type``:
 
@@ -22,11 +22,11 @@ import numpy as np
 
 # `Entry`, `Family` and the common config keys live in `._hf_common`, which the family
 # modules listed in `FAMILIES` (`.hf_causal_lm`, `.hf_t5`) import too; re-exported here.
-from ._hf_common import COMMON_FIXED as COMMON_FIXED
-from ._hf_common import COMMON_INERT as COMMON_INERT
-from ._hf_common import Entry, Family, _int, _positive
-from .hf_causal_lm import CAUSAL_LM_FAMILIES
-from .hf_t5 import T5
+from ._common import COMMON_FIXED as COMMON_FIXED
+from ._common import COMMON_INERT as COMMON_INERT
+from ._common import Entry, Family, _int, _positive
+from .causal_lm import CAUSAL_LM_FAMILIES
+from .t5 import T5
 
 __all__ = ["FAMILIES", "Entry", "Family", "family_of", "from_hf", "to_hf"]
 
@@ -231,7 +231,7 @@ VIT = Family(
     inert=frozenset({"encoder_stride"}),  # used only by the masked-image-modelling head
 )
 
-#: ``model_type`` -> `Family`: the families `multiattn.models.pretrained` loads.
+#: ``model_type`` -> `Family`: the families `multiattn.hf.pretrained` loads.
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, VIT, *CAUSAL_LM_FAMILIES, T5)}
 
 

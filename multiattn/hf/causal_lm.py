@@ -1,4 +1,4 @@
-"""The decoder-only language-model families of `multiattn.models.pretrained`: GPT-2,
+"""The decoder-only language-model families of `multiattn.hf.pretrained`: GPT-2,
 Llama, Qwen2 and Mistral (config options and tensor tables; imports no framework).
 
 All four load into one model, `multiattn.models.causal_lm.CausalLM`, described by the
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ops.rotary import check_rotary_scaling
-from ._hf_common import Entry, Family, _int, _positive
+from ._common import Entry, Family, _int, _positive
 
 __all__ = ["CAUSAL_LM_FAMILIES", "GPT2", "LLAMA", "MISTRAL", "QWEN2"]
 

@@ -1,4 +1,4 @@
-"""The T5 family of `multiattn.models.pretrained`: config options and tensor table
+"""The T5 family of `multiattn.hf.pretrained`: config options and tensor table
 (imports no framework).
 
 ``model_type: "t5"`` loads into `multiattn.models.t5.T5ForConditionalGeneration`: an
@@ -14,7 +14,7 @@ drops the scaling) and other feed-forward forms are refused by name.
 
 from __future__ import annotations
 
-from ._hf_common import Entry, Family, _int, _positive
+from ._common import Entry, Family, _int, _positive
 
 __all__ = ["FEED_FORWARD", "T5"]
 

@@ -206,7 +206,7 @@ def _sentence_options(model_dir: Path, root: Path | None = None) -> SentenceOpti
 
 
 def bert_sizes(config: BertConfig) -> dict[str, Any]:
-    """``config`` as the sizes of `multiattn.models.hf_families` (BERT)."""
+    """``config`` as the sizes of `multiattn.hf.families` (BERT)."""
     return {
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
@@ -224,7 +224,7 @@ def bert_to_neutral(state: dict[str, np.ndarray], config: BertConfig) -> dict[st
     to the neutral names listed in the module docstring.
 
     The names, shapes and transforms are the BERT table of
-    `multiattn.models.hf_families` (the pooler is left out here).
+    `multiattn.hf.families` (the pooler is left out here).
 
     Args:
         state: name -> array; ``Linear`` weights ``(out, in)``.
@@ -236,7 +236,7 @@ def bert_to_neutral(state: dict[str, np.ndarray], config: BertConfig) -> dict[st
     Raises:
         ValueError: a tensor is missing or has the wrong shape (the name is quoted).
     """
-    from .hf_families import bert_entries
+    from .families import bert_entries
 
     prefix = "bert." if any(k.startswith("bert.embeddings.") for k in state) else ""
     state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
