@@ -74,14 +74,16 @@ def _reference(model, inputs: dict) -> dict:
     return {k: out[k].numpy() for k in ("last_hidden_state", "pooler_output") if k in out}
 
 
-def _compare(ours: dict, want: dict, dtype: str) -> None:
+def _compare(ours: dict, want: dict, dtype: str, tol: float | None = None) -> None:
+    """``ours`` against the float64 ``want`` within ``tol`` (default ``TOL[dtype]``)."""
+    tol = TOL[dtype] if tol is None else tol
     assert sorted(ours) == sorted(want)
     for key, value in want.items():
         got = to_np(ours[key])
         assert got.shape == value.shape, key
         assert keras.backend.standardize_dtype(ours[key].dtype) == dtype
         err = rel_err(got, value)
-        assert err <= TOL[dtype], f"{key}: {err:.2e} > {TOL[dtype]:.0e} ({dtype})"
+        assert err <= tol, f"{key}: {err:.2e} > {tol:.1e} ({dtype})"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -194,7 +196,14 @@ def test_minilm_loads_through_from_pretrained():
         "token_type_ids": batch["token_type_ids"],
     }
     hf = transformers.AutoModel.from_pretrained(folder).eval()
-    _compare(model(**inputs), _reference(hf, inputs), "float32")
+    with torch.no_grad():  # transformers' own float32 error on this CPU, before .double()
+        own = hf(**{k: torch.tensor(v) for k, v in inputs.items()}).last_hidden_state.numpy()
+    want = _reference(hf, inputs)
+    # Six layers of width 384 in float32: how far float32 lands from float64 depends on the
+    # CPU's kernels (their blocking and fused multiply-adds), so the bound is the larger of
+    # the small models' and four times transformers' own float32 error here.
+    floor = rel_err(own, want["last_hidden_state"])
+    _compare(model(**inputs), want, "float32", tol=max(TOL["float32"], 4 * floor))
 
 
 def test_bad_arguments(tmp_path):
