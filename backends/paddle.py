@@ -162,8 +162,9 @@ def _document_attention(queries: Any, keys: Any, values: Any, lens: Any, scale: 
 
 
 #: Calls of fewer floating-point operations than this run in one piece, untimed: below
-#: it a thread's start-up is a large part of a slice (about 5 ms of Paddle's one-thread
-#: matrix products on the project's machines).
+#: it a thread's start-up is a large part of a slice (the threshold is a few
+#: milliseconds of Paddle's one-thread matrix products; measured: docs/benchmarks.md,
+#: 'Measurements behind the defaults').
 SLICE_MIN_FLOPS = 1 << 27
 
 

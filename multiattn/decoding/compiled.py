@@ -30,8 +30,9 @@ def without_unit_axes(caches: Any) -> Any:
     carries the cache with a unit axis, the in-place update of the cache and that read
     meet, and XLA copies the whole cache several times per step. Carried without them
     (the reshapes are bitcasts), the update stays in place. A toy loop of 4 layers
-    (8 heads, 576 slots of 32, batch 1) on jax: 945 microseconds per step with the batch
-    axis carried, 179 without."""
+    (8 heads, 576 slots of 32, batch 1) on jax took several times as long per step with
+    the batch axis carried as without (measured: docs/benchmarks.md, 'Measurements
+    behind the defaults')."""
     flat = keras.tree.flatten(caches)
     kept = [keras.ops.reshape(c, tuple(c.shape[i] for i in cache_kept_axes(c.shape))) for c in flat]
     return keras.tree.pack_sequence_as(caches, kept)
@@ -117,9 +118,10 @@ class _TfFunction:
     """``fn`` under ``tf.function(jit_compile=True)``, called through the concrete
     function of each signature of its arguments, kept here by `signature`: TensorFlow's
     own dispatch (binding every argument, building its trace type, looking it up in the
-    function's cache) cost 1.6 ms of Python per call of a function of 12 tensors and a
-    few Python values, a kept concrete function 0.4 ms. A decoding loop is one call per
-    ``generate``; the Python loop over the compiled step is one per token."""
+    function's cache) cost several times the Python time of a kept concrete function per
+    call of a function of 12 tensors and a few Python values (measured:
+    docs/benchmarks.md, 'Measurements behind the defaults'). A decoding loop is one call
+    per ``generate``; the Python loop over the compiled step is one per token."""
 
     def __init__(self, fn: Callable) -> None:
         import tensorflow as tf

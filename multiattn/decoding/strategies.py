@@ -235,8 +235,9 @@ class CompiledLoop(CompiledStepLoop):
     per sampler, traced per prompt shape and stopping rule. The prompt as
     `CompiledStepLoop`.
 
-    Per token, Llama shape, prompt 128, batch 1: 0.45 ms on jax and 0.81 ms on
-    TensorFlow, against 1.34 ms and 2.33 ms in `CompiledStepLoop`."""
+    Per token (Llama shape, prompt 128, batch 1) it took about a third of
+    `CompiledStepLoop`'s time on jax and on TensorFlow (measured: docs/benchmarks.md,
+    'Measurements behind the defaults')."""
 
     name = "compiled"
     in_graph_only = True

@@ -142,8 +142,9 @@ def batch_pieces(
     A split rather than one slice per piece where gradients flow: differentiated,
     TensorFlow's slice gives each piece a gradient the size of the whole batch, zero
     outside its rows, and sums them (the attention's own forward and backward pass at
-    ``(8, 512, 8, 64)`` float32 in 8 slices under ``tf.function``, medians of 9 in two
-    runs: 74 and 77 ms with ``tf.split``, 132 and 129 ms with slices)."""
+    ``(8, 512, 8, 64)`` float32 in 8 slices under ``tf.function`` took nearly twice as
+    long with slices as with ``tf.split``; measured: docs/benchmarks.md, 'Measurements
+    behind the defaults')."""
     batch = int(args[0].shape[0])
     cut = [split(a, chunks) if _leads_with(a, batch) else [a] * chunks for a in args]
     return list(zip(*cut))
@@ -467,14 +468,16 @@ def _xla_cache_write(keras_ops: Any, cache: Any, new: Any, index: Any) -> Any:
     shape: ``generate``'s compiled loop carries its caches without their unit axes
     (`multiattn.decoding.compiled`) and, its caches checked, runs no conditional screen
     over them. A select against the positions, which rewrites the whole cache, was the
-    faster write while both were in place (0.60 against 0.80 ms per token, GPT-2 shape,
-    prompt 128); without them the dynamic update slice is (0.43 against 0.53 ms).
+    faster write while both were in place (GPT-2 shape, prompt 128); without them the
+    dynamic update slice is (measured: docs/benchmarks.md, 'Measurements behind the
+    defaults').
 
     The update is made on the cache with those unit axes dropped as well (reshapes, which
     XLA compiles to bitcasts that cancel the loop's own): TensorFlow's XLA keeps an update
     in place only when it is the last operation of its fusion, and an update of the
     four-axis view ends in a bitcast, so it copied every cache twice per step (GPT-2
-    shape, prompt 512, batch 1: 1.19 ms per token before, 0.82 after; jax unchanged)."""
+    shape, prompt 512, batch 1: slower per token than with the unit axes dropped; jax
+    unchanged; measured: docs/benchmarks.md, 'Measurements behind the defaults')."""
     zero = 0 if isinstance(index, int) else index * 0  # starts of one dtype (JAX x64)
     shape, kept = tuple(cache.shape), cache_kept_axes(cache.shape)
     if len(kept) == len(shape):
@@ -696,7 +699,8 @@ class _JaxNamespace(KerasNamespace):
         rematerialised (``jax.checkpoint``): differentiated, the backward loop recomputes
         each slice's scores rather than keeping every slice's, so it too holds one
         slice's matrices at a time (forward and backward of the attention alone at ``(8,
-        512, 8, 64)`` float32, 4 slices: 83 against 141 ms)."""
+        512, 8, 64)`` float32 in 4 slices took well under the time of one piece;
+        measured: docs/benchmarks.md, 'Measurements behind the defaults')."""
         import jax
 
         batch = int(args[0].shape[0])
@@ -718,9 +722,10 @@ class _JaxNamespace(KerasNamespace):
 
     @property
     def fused_attention_pays(self) -> bool:  # type: ignore[override]
-        """False on CPU: ``jax.nn.dot_product_attention`` (XLA) took 153 ms forward and
-        263 ms forward+backward against 123 ms and 251 ms for the explicit path, on
-        ``(8, 512, 8, 64)`` float32 under ``jax.jit`` (2-core CPU). True on GPU/TPU."""
+        """False on CPU: ``jax.nn.dot_product_attention`` (XLA) was slower forward and
+        forward+backward than the explicit path on ``(8, 512, 8, 64)`` float32 under
+        ``jax.jit`` (measured: docs/benchmarks.md, 'Measurements behind the defaults').
+        True on GPU/TPU."""
         import jax
 
         return jax.default_backend() != "cpu"
@@ -743,10 +748,11 @@ class _TensorFlowNamespace(KerasNamespace):
     #: `map_batch` is the slices written out one after the other in the graph: no data
     #: dependence joins them, so TensorFlow's executor runs them side by side on its
     #: inter-op threads, each on a score matrix ``chunks`` times smaller. The explicit
-    #: attention of ``(8, 512, 8, 64)`` float32 under ``tf.function`` on a 2-core AMD
-    #: EPYC (AVX2): 150 ms in one piece, 124 in 2 slices, 95 in 4, 87 in 8 (medians of 7;
-    #: a ``tf.map_fn`` loop, which runs the slices in turn, gained 6%). Whether it pays is
-    #: timed (`multiattn.tuning.attention_chunks`).
+    #: attention of ``(8, 512, 8, 64)`` float32 under ``tf.function`` on an AMD EPYC
+    #: with AVX2 only was faster with every doubling of the slices up to 8, where a
+    #: ``tf.map_fn`` loop, which runs the slices in turn, had gained 6% (measured:
+    #: docs/benchmarks.md, 'Measurements behind the defaults'). Whether it pays is timed
+    #: (`multiattn.tuning.attention_chunks`).
     maps_batch = True
 
     def write_cache(self, cache: Any, new: Any, index: Any) -> Any:
@@ -785,9 +791,10 @@ class _TensorFlowNamespace(KerasNamespace):
         axes, then those are summed.
 
         XLA in TensorFlow fuses the reshape of the kernel into a matrix-vector product and
-        then emits the product as a plain loop: 94 against 2.7 microseconds for
-        ``(1, 8, 32)`` against an ``(8, 32, 256)`` kernel, and half the time of a Llama
-        step (hidden 256, 4 layers) at batch 1."""
+        then emits the product as a plain loop: dozens of times slower for ``(1, 8, 32)``
+        against an ``(8, 32, 256)`` kernel, and half the time of a Llama step (hidden
+        256, 4 layers) at batch 1 (measured: docs/benchmarks.md, 'Measurements behind
+        the defaults')."""
         lead = shape_of(x)[: len(x.shape) - contract]
         if contract == 1 or any(n != 1 for n in lead):
             return self._matrix_product(x, kernel, bias, contract)
@@ -802,8 +809,9 @@ class _TensorFlowNamespace(KerasNamespace):
         """`linear` as one ``(N, K) @ (K, M)`` ``MatMul`` and a ``BiasAdd``, which
         TensorFlow's graph optimizer fuses into one kernel, instead of ``einsum`` and an
         addition. The four projections of multi-head self-attention under ``tf.function``
-        (batch 8, length 512, width 512, 8 heads, float32): 19.9 against 22.2 ms forward,
-        62.5 against 66.7 ms forward and backward."""
+        (batch 8, length 512, width 512, 8 heads, float32) ran faster so, forward and
+        forward and backward (measured: docs/benchmarks.md, 'Measurements behind the
+        defaults')."""
         import tensorflow as tf
 
         out_shape = list(kernel.shape[contract:])

@@ -195,10 +195,12 @@ def _permuted(x: paddle.Tensor, perm: list[int]) -> paddle.Tensor:
 
     ``paddle.transpose`` gives a view with permuted strides, and Paddle's CPU kernels
     read such a view through a slow copy: a matrix product of two heads-first views
-    of ``(8, 512, 8, 64)`` float32 queries and keys took 101 ms against 45 for the same
-    product of contiguous tensors, and the copy alone 25 ms, where the transpose written
-    by ``paddle.einsum`` takes 0.9 ms. So a permutation that moves data is written by
-    ``paddle.einsum`` (floating dtypes, which its kernels take), and one that only moves
+    of ``(8, 512, 8, 64)`` float32 queries and keys took over twice as long as the same
+    product of contiguous tensors, the copy alone a large part of it, where the transpose
+    written by ``paddle.einsum`` costs a small fraction of that copy (measured:
+    docs/benchmarks.md, 'Measurements behind the defaults'). So a permutation that moves
+    data is written by ``paddle.einsum`` (floating dtypes, which its kernels take), and
+    one that only moves
     axes of length 1 (the data in the same order: a decoding step's single query or
     key) is a reshape. Elsewhere (other dtypes, empty tensors, ``paddle.jit.to_static``'s
     translation, see `_in_sot`) it stays ``paddle.transpose``."""
@@ -216,8 +218,9 @@ def _permuted(x: paddle.Tensor, perm: list[int]) -> paddle.Tensor:
 def _expanded(a: paddle.Tensor, b: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
     """``a`` and ``b`` expanded to their broadcast shape where their shapes differ:
     Paddle's logical operations broadcast slowly on the CPU (a causal mask ``(1, 1, 512,
-    512)`` AND the slots ``(8, 1, 1, 512)``: 17 ms, against 2.2 for the two expanded
-    first)."""
+    512)`` AND the slots ``(8, 1, 1, 512)`` took several times as long as with the two
+    expanded first; measured: docs/benchmarks.md, 'Measurements behind the
+    defaults')."""
     if a.shape == b.shape:
         return a, b
     shape = paddle.broadcast_shape(a.shape, b.shape)
@@ -334,7 +337,8 @@ class PaddleNamespace(Namespace):
     maps_batch_eagerly = True
     #: Paddle's CPU kernels broadcast an operand over inner axes slowly: rotary's ``(T, 1,
     #: R/2)`` tables against ``(8, 512, 8, 32)`` halves of the queries, the rotation took
-    #: 24.8 ms, 11.4 with the tables broadcast to the full shape first.
+    #: about twice as long as with the tables broadcast to the full shape first
+    #: (measured: docs/benchmarks.md, 'Measurements behind the defaults').
     broadcasts_slowly = True
 
     # --- conversion and dtypes -----------------------------------------------------------
@@ -537,8 +541,9 @@ class PaddleNamespace(Namespace):
 
         The assignment goes through ``(B * H, max_length * D)`` views of the cache and of
         ``new`` (one block of ``t * D`` values per row): a prompt of 512 tokens into an
-        ``(8, 8, 576, 32)`` float32 cache took 1.6 ms so, 5.6 ms through the rank-4
-        slice."""
+        ``(8, 8, 576, 32)`` float32 cache took under a third of the time of the same
+        assignment through the rank-4 slice (measured: docs/benchmarks.md,
+        'Measurements behind the defaults')."""
         start, tokens = int(index), int(new.shape[2])
         b, h, slots, width = (int(d) for d in cache.shape)
         flat = paddle.reshape(cache, [b * h, slots * width])  # a view of the cache
@@ -811,8 +816,9 @@ class PaddleNamespace(Namespace):
         (a copy, whose gradient is a ``concat``), elsewhere by indexing (views, no copy,
         whose gradients are each a zero-filled batch summed): the adapter's multi-head
         attention at the benchmark's shape (batch 8, length 512, width 512, 8 heads,
-        float32, 8 slices) forward and backward 383 against 499 ms, forward 82 with
-        views against 90 ms with copies."""
+        float32, 8 slices) was faster forward and backward with the split than with
+        views, and forward faster with views than with copies (measured:
+        docs/benchmarks.md, 'Measurements behind the defaults')."""
         grads = paddle.is_grad_enabled() and any(
             isinstance(a, paddle.Tensor) and not a.stop_gradient for a in args
         )
@@ -943,8 +949,9 @@ class PaddleNamespace(Namespace):
         call, `_in_sot`.)
 
         Against ``paddle.einsum`` it saves Python and dispatch work per call: the
-        projections of a decoding step, ``(1, 1, 256) @ (256, 256)``, took 9 µs as a
-        ``paddle.matmul`` against 62 as a ``paddle.einsum``."""
+        projections of a decoding step, ``(1, 1, 256) @ (256, 256)``, ran several times
+        faster as a ``paddle.matmul`` than as a ``paddle.einsum`` (measured:
+        docs/benchmarks.md, 'Measurements behind the defaults')."""
         taken = [int(d) for d in x.shape[x.ndim - contract :]]
         given = [int(d) for d in kernel.shape[:contract]]
         if taken != given:

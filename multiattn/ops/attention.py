@@ -653,8 +653,9 @@ def _score_product(ops: Any, q: Any, k: Any, cached: bool) -> Any:
     taken keys first, ``k @ q^T``, and its small ``(Tk, R)`` result transposed (for one
     row a mere reshape). XLA:CPU in TensorFlow moves the right operand of a product to
     contraction-first layout, which for ``q @ k^T`` meant a transposed copy of every key
-    cache in every step: GPT-2 shape, prompt 512, batch 1, 0.81 against 0.62 ms per token
-    (prompt 128: 0.64 against 0.48); jax's per-token times were the same either way."""
+    cache in every step: slower per token (GPT-2 shape, batch 1, prompts 128 and 512),
+    while jax's per-token times were the same either way (measured: docs/benchmarks.md,
+    'Measurements behind the defaults')."""
     rows, dim = shape_of(q)[2], shape_of(q)[3]
     if cached and rows is not None and dim is not None and 4 * rows <= dim:
         return ops.transpose(ops.einsum("bhkd,bhqd->bhkq", k, q), (0, 1, 3, 2))

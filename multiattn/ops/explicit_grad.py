@@ -22,8 +22,9 @@ slice is differentiated by its own backward pass (`Namespace.map_batch` over sli
 each have a custom gradient): what a slice saves stays with its slice. Joining the
 saved weights into one batch and cutting them again for the backward pass made the
 slices lose on TensorFlow (the attention's forward and backward pass at ``(8, 512, 8,
-64)`` float32 in 8 slices under ``tf.function``, medians of 9 in two runs alternated:
-79 and 85 ms, against 100 and 94 ms joined; 85 and 84 ms in one piece).
+64)`` float32 in 8 slices under ``tf.function``: slower joined than in one piece,
+where a backward pass per slice was not; measured: docs/benchmarks.md, 'Measurements
+behind the defaults').
 
 With ``keeps_weights`` the forward pass saves the weights themselves, ``(B, H, Tq,
 Tk)``, and the backward pass reads them instead of recomputing them: no score product
@@ -35,12 +36,13 @@ differentiation is the softmax's backward pass over the score matrix: ``delta`` 
 sum over the outputs' width instead of a product and a sum over the keys.
 
 The layer `multiattn.layers.MultiHeadAttention` in self-attention (batch 8, length 512,
-width 512, 8 heads, float32) forward and backward: on jax under ``jax.jit``, 168 against
-187 ms recomputing the weights in 8 slices, 175 against 179 in 4, the forward pass
-unchanged (the same softmax; ``lse`` is dropped where nothing differentiates the call);
-on TensorFlow under ``tf.function``, 107 ms with the saved weights, 115 with automatic
-differentiation and 123 recomputing. Which pays is measured per shape class
-(`multiattn.tuning.attention_backward`).
+width 512, 8 heads, float32) forward and backward: on jax under ``jax.jit``,
+recomputing the weights was faster than automatic differentiation in 8 slices and, by
+less, in 4, the forward pass unchanged (the same softmax; ``lse`` is dropped where
+nothing differentiates the call); on TensorFlow under ``tf.function`` the saved weights
+were the fastest, then automatic differentiation, then recomputing (measured:
+docs/benchmarks.md, 'Measurements behind the defaults'). Which pays is measured per
+shape class (`multiattn.tuning.attention_backward`).
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class Decision:
 
 def describe_decision(decision: Mapping[str, Any]) -> str:
     """A decision (as `decisions` lists it) in one line: ``torch-linear rows=4096 in=512
-    out=512 ...: onednn (onednn 0.91 ms, blas 1.32 ms)``."""
+    out=512 ...: onednn (median onednn ... ms, blas ... ms; timed on ...)``."""
     cls = " ".join(f"{k}={v}" for k, v in decision["shape_class"].items())
     head = f"{decision['op']} {cls}: {decision['choice']}"
     if decision["how"] not in ("measured", "loaded"):

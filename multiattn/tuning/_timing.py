@@ -46,7 +46,9 @@ def _and_backward(fn: Callable[..., Any], backend: str = "torch") -> Callable[..
     ``tf.gradients`` inside the compiled function on TensorFlow). On jax and TensorFlow
     the sum is of the outputs' squares: with the sum itself the output's gradient is a
     constant, which lets XLA simplify the backward pass of the explicit attention path
-    (78 against 112 ms at ``(8, 512, 8, 64)`` in 4 slices) where a real loss would not."""
+    (faster with the sum than with the squares at ``(8, 512, 8, 64)`` in 4 slices;
+    measured: docs/benchmarks.md, 'Measurements behind the defaults') where a real loss
+    would not."""
     if backend == "jax":
         import jax
         import jax.numpy as jnp

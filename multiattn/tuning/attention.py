@@ -90,12 +90,12 @@ def fused_attention_pays(
     `ATTENTION_FLOP_CAP` (one head over the cap: as many of its ``Tq`` queries as fit, at
     least 64, so the explicit candidate's score matrix stays small): 16 times the usual
     cap, the whole call at the benchmark's shape (64 heads of 512 queries and keys). On
-    TensorFlow, timed on 4 of those heads, Keras' attention beat the explicit path (1.83
-    against 2.09 ms) while in the layer it lost (42.2 against 41.3 ms forward, 133
-    against 120 forward and backward); at the full size the two tie forward and the
-    explicit path, the fallback there, keeps the class (`MARGIN`). The class is the backend, its
-    device, the dtype, ``Tq`` and ``Tk`` rounded up to powers of two, ``D``, ``Dv`` and
-    the key/value layout.
+    TensorFlow, timed on 4 of those heads, Keras' attention beat the explicit path while
+    in the layer it lost, forward and forward and backward (measured:
+    docs/benchmarks.md, 'Measurements behind the defaults'); at the full size the two tie
+    forward and the explicit path, the fallback there, keeps the class (`MARGIN`). The
+    class is the backend, its device, the dtype, ``Tq`` and ``Tk`` rounded up to powers
+    of two, ``D``, ``Dv`` and the key/value layout.
     This compares the two paths that hold a whole score matrix: where the scores exceed
     the attention memory budget the alternative to a streaming fused kernel is the
     blockwise path, which this does not time. Eager calls time directly; under
@@ -116,7 +116,8 @@ def fused_attention_pays(
     b, tq, h, _, tk, d, dv = sizes
     if kv_heads_first and how.traced and how.xla:
         # Not timed: alone the two tie, but the loop differs (generate, Llama shape,
-        # prompt 512, batch 8, TensorFlow: 1.5 ms per token explicit, 5.9 ms fused). A
+        # prompt 512, batch 8, TensorFlow: several times slower per token fused;
+        # measured: docs/benchmarks.md, 'Measurements behind the defaults'). A
         # class of its own, so that a decision timed on eager calls of the same sizes
         # is not reused here.
         cls["cache_under_xla"] = True
@@ -225,9 +226,10 @@ def attention_chunks(
     again and the kernel zeroes every page on first touch. With the batch in slices, one
     slice's score matrix is what the program holds: below the threshold, it is reused
     from call to call. Multi-head self-attention on jax, batch 8, length 512, width 512,
-    8 heads, float32: 62 against 55 ms forward in 4 slices (16,600 against 8,700 page
-    faults per call). Whether it pays depends on the allocator, its thresholds and the
-    kernel's page size, so it is measured.
+    8 heads, float32, ran faster forward in 4 slices, with about half the page faults
+    per call (measured: docs/benchmarks.md, 'Measurements behind the defaults'). Whether
+    it pays depends on the allocator, its thresholds and the kernel's page size, so it is
+    measured.
 
     ``query`` ``(B, Tq, H, D)``, ``key`` ``(B, Tk, Hkv, D)`` and ``value``
     ``(B, Tk, Hkv, Dv)`` (heads first with ``kv_heads_first``) as
@@ -265,8 +267,9 @@ def attention_chunks(
         return runs, f"{timed}, forward"
 
     # among counts that tie, the most slices: the smallest buffers (in the layer at the
-    # default shape, 8 slices tied with 4 forward and took 168 against 175 ms forward and
-    # backward with the own backward pass)
+    # default shape, 8 slices tied with 4 forward and were faster forward and backward
+    # with the own backward pass; measured: docs/benchmarks.md, 'Measurements behind the
+    # defaults')
     prefer = [str(c) for c in sorted(counts, reverse=True)]
     return int(
         _decide_eagerly("attention-chunks", cls, candidates, str(default), measurable, why, prefer)
@@ -297,12 +300,13 @@ def attention_backward(
     and recomputing the weights trades a product and an exponential for the memory that
     holds them. Which costs less is a matter of memory traffic and of what the compiler
     fuses. Multi-head self-attention (batch 8, length 512, width 512, 8 heads, float32)
-    forward and backward: on jax under ``jax.jit``, 168 ms recomputing against 187 with
-    automatic differentiation in 8 slices, 175 against 179 in 4; on TensorFlow under
-    ``tf.function`` recomputing lost (121 against 115 ms) and the saved weights won
-    (attention alone, ``(8, 512, 8, 64)``: 48.8 against 56.4 ms). The loss timed is the
-    sum of the outputs' squares (`_and_backward`): with a constant output gradient XLA
-    simplifies automatic differentiation's backward pass as no real loss lets it.
+    forward and backward: on jax under ``jax.jit``, recomputing beat automatic
+    differentiation in 8 slices and, by less, in 4; on TensorFlow under ``tf.function``
+    recomputing lost and the saved weights won, in the layer and for the attention alone
+    at ``(8, 512, 8, 64)`` (measured: docs/benchmarks.md, 'Measurements behind the
+    defaults'). The loss timed is the sum of the outputs' squares (`_and_backward`): with
+    a constant output gradient XLA simplifies automatic differentiation's backward pass
+    as no real loss lets it.
 
     ``query`` ``(B, Tq, H, D)``, ``key`` ``(B, Tk, Hkv, D)`` and ``value`` ``(B, Tk,
     Hkv, Dv)`` (heads first with ``kv_heads_first``) as `multiattn.ops.attention.attend`
@@ -368,11 +372,10 @@ def backward_margin(backend: str) -> float:
     weights) and the saved weights' backward pass does less (a sum over the outputs
     instead of the softmax's product and sum over the score matrix), so nothing untimed
     favours automatic differentiation, and a margin handed it a choice that lost in the
-    layer: the attention alone at ``(8, 512, 8, 64)`` in 8 slices,
-    forward and backward, 68.6 to 74.8 ms with the saved weights against 73.9 to 78.9
-    (three processes, 15 interleaved runs each), within the margin in some processes;
-    the layer (batch 8, length 512, width 512, 8 heads) 151 and 153 ms against 158 and
-    158 (two processes)."""
+    layer: the attention alone at ``(8, 512, 8, 64)`` in 8 slices, forward and backward,
+    was faster with the saved weights by less than the margin in some processes, while
+    the layer (batch 8, length 512, width 512, 8 heads) was faster with them in every
+    process (measured: docs/benchmarks.md, 'Measurements behind the defaults')."""
     return 0.0 if backend == "tensorflow" else MARGIN
 
 
@@ -393,9 +396,10 @@ def blockwise_attention_pays(
     matrix several times (scores, softmax, weighted sum), the blockwise path one block
     at a time, which can stay in the caches, at the cost of a loop and of rescaling its
     running sums. Which wins depends on the cache sizes and the memory bandwidth: under
-    ``jax.jit``, ``(1, 8, L, 64)`` float32, the blockwise path took 246 against 471 ms
-    at L = 4096 on a 2-core Intel Xeon (AVX-512) and lost at 1024 and 2048 without a
-    causal mask on a 2-core AMD EPYC (AVX2: 70 against 49 ms at 1024).
+    ``jax.jit``, ``(1, 8, L, 64)`` float32, the blockwise path won at L = 4096 on an
+    Intel Xeon with AVX-512 and lost at 1024 and 2048 without a causal mask on an AMD
+    EPYC with AVX2 only (measured: docs/benchmarks.md, 'Measurements behind the
+    defaults').
 
     ``query`` ``(B, Tq, H, D)``, ``key`` ``(B, Tk, Hkv, D)`` and ``value`` ``(B, Tk,
     Hkv, Dv)`` (heads first with ``kv_heads_first``) as `multiattn.ops.attention.attend`
@@ -408,8 +412,9 @@ def blockwise_attention_pays(
     backward (``attention-blockwise-backward``): it is taken only where it wins both by
     more than `MARGIN`, since a compiled call does not say whether it will be
     differentiated (multi-head self-attention under ``tf.function`` on the AMD CPU,
-    batch 8, length 512, width 512, 8 heads: 202 against 218 ms forward, 783 against 579
-    forward and backward).
+    batch 8, length 512, width 512, 8 heads: the blockwise path won forward and lost
+    forward and backward; measured: docs/benchmarks.md, 'Measurements behind the
+    defaults').
     The class is `attention_chunks`' and whether the mask is causal (the blockwise path
     skips the blocks a causal mask hides). Not timed (the direct path): where nothing
     can be timed (Keras symbolic tensors, ``torch.compile``) and sizes unknown at trace

@@ -2,12 +2,12 @@
 
 PyTorch sends float32 CPU matrix products to its BLAS (MKL in the official wheels) and
 also ships oneDNN, whose linear operator is a second implementation of the same product.
-Which one is faster depends on the CPU: on an AMD EPYC with AVX-512, MKL ran ``(4096,
-512) @ (512, 512)`` at 167 GFLOP/s and oneDNN at 333 to 403; on an AVX2-only CPU oneDNN
-ran at 148 GFLOP/s against 190 for ``torch.matmul``. This module runs ``a @ b + bias`` as
-a differentiable product whose backward pass is made of the same product (so gradients
-of every order exist), each of its products (forward, input gradient, weight gradient)
-on oneDNN or on BLAS:
+Which one is faster depends on the CPU: on an AMD EPYC with AVX-512 oneDNN ran ``(4096,
+512) @ (512, 512)`` at about twice MKL's rate, on an AVX2-only CPU it was the slower of
+the two (measured: docs/benchmarks.md, 'Measurements behind the defaults'). This module
+runs ``a @ b + bias`` as a differentiable product whose backward pass is made of the
+same product (so gradients of every order exist), each of its products (forward, input
+gradient, weight gradient) on oneDNN or on BLAS:
 
 * forced oneDNN (``measure=False``): every product on oneDNN
   (``multiattn.tuning.Fixed(torch_linear="onednn")``);
