@@ -206,6 +206,8 @@ class _DocumentAttention(paddle.nn.Layer):
         tuner = config.tuner()
         if tuner is None or len(counts) == 1:
             return 1
+        from ..tuning import bucket  # a tuner is in force: its package is loaded
+
         measurable, why = flops >= SLICE_MIN_FLOPS, "a call under SLICE_MIN_FLOPS"
         cls = {
             "backend": "paddle",
@@ -213,7 +215,7 @@ class _DocumentAttention(paddle.nn.Layer):
             "device": str(args[0].place),
             "dtype": _NS.dtype_name(args[0]),
             "batch": batch,
-            "queries": 1 << max(0, int(self.query_size) - 1).bit_length(),
+            "queries": bucket(int(self.query_size)),
             **{k: v for k, v in vars(self).items() if k.endswith(("_vec_size", "_num"))},
             "threads": cpu_threads(),
         }

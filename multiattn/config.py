@@ -239,12 +239,8 @@ def settings(
         )
     if block_size is not _UNSET:
         changes["block_size"] = None if block_size is None else _block_pair(block_size)
-    flags = {
-        "fused_attention": fused_attention,
-    }
-    for name, value in flags.items():
-        if value is not _UNSET:
-            changes[name] = _check_flag("settings", name, value)
+    if fused_attention is not _UNSET:
+        changes["fused_attention"] = _check_flag("settings", "fused_attention", fused_attention)
     if autotune is not _UNSET:
         changes["autotune"] = _check_tuner(autotune)
     token = _scoped.set({**_scoped.get(), **changes})

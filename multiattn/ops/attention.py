@@ -399,9 +399,7 @@ def _choices(
         )
         fns = plan.AttentionCandidates(_explicit_unmasked, _own_backward_unmasked, run)
         return tuner.attention(ops, spec, *qkv, kv_heads_first, fns)
-    if plan.wants_chunks(spec):
-        spec = dataclasses.replace(spec, chunks=plan.default_chunks(spec, ops.xla_device(qkv[0])))
-    return spec
+    return plan.with_default_chunks(spec, ops.xla_device(qkv[0]))
 
 
 def _explicit_unmasked(

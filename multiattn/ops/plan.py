@@ -22,6 +22,7 @@ memory budget (``blockwise_faster``, where `wants_blockwise_timing`; default: no
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable
@@ -49,6 +50,7 @@ __all__ = [
     "wants_blockwise_timing",
     "wants_chunks",
     "wants_timing",
+    "with_default_chunks",
 ]
 
 Path = Literal["fused", "explicit", "blockwise"]
@@ -456,6 +458,15 @@ class AttentionCandidates(NamedTuple):
     explicit: Callable[..., Any]
     own: Callable[..., Any]
     run: Callable[..., Any]
+
+
+def with_default_chunks(spec: AttentionSpec, xla_device: str | None) -> AttentionSpec:
+    """``spec`` with `default_chunks` as its ``chunks`` where the slices are to be chosen
+    (`wants_chunks`), else ``spec`` itself: what a call gets where no tuner times the
+    slices."""
+    if not wants_chunks(spec):
+        return spec
+    return dataclasses.replace(spec, chunks=default_chunks(spec, xla_device))
 
 
 def largest_divisor(batch: int, wanted: int) -> int:

@@ -35,12 +35,6 @@ from .attention import (
 __all__ = ["Fixed", "Measured"]
 
 
-def _static_chunks(ops: Any, spec: plan.AttentionSpec, query: Any) -> plan.AttentionSpec:
-    if not plan.wants_chunks(spec):
-        return spec
-    return dataclasses.replace(spec, chunks=plan.default_chunks(spec, ops.xla_device(query)))
-
-
 class Measured:
     """The tuner of ``settings(autotune=True)``: each choice the call leaves open is timed
     on the running machine, once per shape class (`multiattn.tuning.decide`); decisions
@@ -147,7 +141,7 @@ class Fixed:
             "blockwise_faster": self.blockwise,
         }
         spec = dataclasses.replace(spec, **{k: v for k, v in given.items() if v is not None})
-        return _static_chunks(ops, spec, query)
+        return plan.with_default_chunks(spec, ops.xla_device(query))
 
     def linear(self, a: Any, b: Any, bias: Any) -> Any:
         """oneDNN's product where ``torch_linear="onednn"`` (and this PyTorch has it),
