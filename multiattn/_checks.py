@@ -317,3 +317,23 @@ def check_integer_scalar(where: str, name: str, value: Any, ns: Any) -> int | An
         )
     known = concrete(ns, value)
     return value if known is None else int(known)
+
+
+def check_relative_buckets(
+    where: str, num_buckets: int, max_distance: int, names: tuple[str, str]
+) -> None:
+    """T5's relative position buckets need ``num_buckets >= 4`` (the encoder's buckets of
+    one direction, half of them, hold an exact half of 1 or more) and ``max_distance >
+    num_buckets // 2`` (the logarithmic buckets need a range past the exact ones); else
+    the bucket arithmetic divides by zero and gives NaN or wrapped indices. ``names``:
+    the two arguments' names in the messages."""
+    if num_buckets < 4:
+        raise ValueError(
+            f"{where}: `{names[0]}` must be at least 4 (the encoder's buckets of one "
+            f"direction must be 2 or more); received {num_buckets}."
+        )
+    if max_distance <= num_buckets // 2:
+        raise ValueError(
+            f"{where}: `{names[1]}` must exceed {names[0]} // 2 = {num_buckets // 2} (the "
+            f"distances with a bucket each); received {max_distance}."
+        )

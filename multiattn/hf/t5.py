@@ -14,6 +14,7 @@ drops the scaling) and other feed-forward forms are refused by name.
 
 from __future__ import annotations
 
+from .._checks import check_relative_buckets
 from ._common import Entry, Family, _int, _positive
 
 __all__ = ["FEED_FORWARD", "T5"]
@@ -67,6 +68,10 @@ def _t5_sizes(raw: dict, where: str) -> dict:
         raise ValueError(
             f"{where}: `decoder_start_token_id` ({start}) must be below `vocab_size` ({vocab})."
         )
+    buckets = _int(raw, "relative_attention_num_buckets", where, 32)
+    distance = _int(raw, "relative_attention_max_distance", where, 128)
+    names = ("relative_attention_num_buckets", "relative_attention_max_distance")
+    check_relative_buckets(where, buckets, distance, names)
     return {
         "vocab_size": vocab,
         "hidden_size": _int(raw, "d_model", where),
@@ -75,8 +80,8 @@ def _t5_sizes(raw: dict, where: str) -> dict:
         "num_heads": _int(raw, "num_heads", where),
         "head_dim": _int(raw, "d_kv", where),
         "intermediate_size": _int(raw, "d_ff", where),
-        "num_buckets": _int(raw, "relative_attention_num_buckets", where, 32),
-        "max_distance": _int(raw, "relative_attention_max_distance", where, 128),
+        "num_buckets": buckets,
+        "max_distance": distance,
         "epsilon": _positive(raw, "layer_norm_epsilon", where, 1e-6),
         "activation": activation,
         "gated": gated,

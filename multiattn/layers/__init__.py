@@ -6,7 +6,7 @@ computes in ``call``; ``get_config`` is complete and ``.keras`` files round-trip
 
 from .attention import AdditiveAttention, DotProductAttention
 from .decoder import TransformerDecoderLayer
-from .decoder_only import TransformerDecoderOnlyLayer
+from .decoder_only import DecoderBlockConfig, TransformerDecoderOnlyLayer
 from .encoder import TransformerEncoderLayer
 from .feature_map import FeatureMapAttention
 from .feed_forward import FeedForward
@@ -19,6 +19,7 @@ from .seq2seq import Seq2SeqAttentionDecoder, Seq2SeqEncoder
 
 __all__ = [
     "AdditiveAttention",
+    "DecoderBlockConfig",
     "DotProductAttention",
     "FeatureMapAttention",
     "FeedForward",

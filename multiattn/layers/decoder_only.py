@@ -3,6 +3,7 @@ and a feed-forward network, with incremental decoding through a key/value cache.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import keras
@@ -20,11 +21,12 @@ from ._base import (
     static_width,
     sublayer_initializers,
 )
+from ._mha_checks import check_kv_heads, check_rotary_args, check_sliding_window
 from .feed_forward import FeedForward
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization, RMSNormalization
 
-__all__ = ["NORMS", "TransformerDecoderOnlyLayer"]
+__all__ = ["BLOCK_OPTIONS", "NORMS", "DecoderBlockConfig", "TransformerDecoderOnlyLayer"]
 
 #: The normalisations of `TransformerDecoderOnlyLayer`: ``"layer"`` (LayerNorm, with
 #: scale and offset: GPT-2) and ``"rms"`` (RMSNorm, scale only: Llama, Qwen2, Mistral).
@@ -35,6 +37,155 @@ def _check_bool(where: str, name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{where}: `{name}` must be a bool; received {describe(value)}.")
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderBlockConfig:
+    """The options of one `TransformerDecoderOnlyLayer`, checked when made (errors name
+    the field and quote the value). A model holds one and hands it to every block, so a
+    new option of the block is one field here and the code that reads it.
+
+    Fields:
+        d_model: model width (``hidden_size``).
+        num_heads: query heads.
+        dff: hidden width of the feed-forward network (``intermediate_size``).
+        rate: dropout rate after the attention and the feed-forward network (training
+            only); default 0.1 as the other blocks.
+        norm: ``"layer"`` (default) or ``"rms"`` (see `NORMS`).
+        norm_first: pre-norm instead of post-norm (default False).
+        epsilon: epsilon of both normalisations, a positive float (default 1e-6;
+            GPT-2 uses 1e-5, Llama 1e-5 or 1e-6: read ``layer_norm_epsilon`` /
+            ``rms_norm_eps`` from the checkpoint's config).
+        activation: feed-forward activation, one of `multiattn.ops.ACTIVATIONS` (default
+            ``"relu"``; GPT-2: ``"gelu_new"``; Llama, Qwen2, Mistral: ``"silu"`` with
+            ``gated=True``).
+        gated: gated feed-forward network (SwiGLU / GeGLU, see `FeedForward`).
+        num_key_value_heads: key/value heads (grouped-query attention), a divisor of
+            ``num_heads``; None: ``num_heads``.
+        head_dim: per-head width of queries, keys and values; None (default): ``d_model
+            // num_heads`` (``d_model`` must then be divisible by ``num_heads``).
+        attention_bias: biases on the query, key and value projections (GPT-2 and Qwen2:
+            True; Llama and Mistral: False). Default True.
+        output_bias: bias on the attention output projection (GPT-2: True; Qwen2, Llama,
+            Mistral: False). Default True.
+        ffn_bias: biases in the feed-forward projections (GPT-2: True; Llama: False).
+            Default True.
+        rotary_max_length: rotary position embedding in the attention for positions up to
+            this many; None (default): no positions inside the block.
+        rotary_base, rotary_dim, rotary_interleaved, rotary_scaling: the rotary options of
+            `MultiHeadAttention` (base ``rope_theta``; rotated features per head; pairs
+            ``(2i, 2i + 1)``; Hugging Face style ``rope_scaling`` dict, kept normalised).
+        sliding_window: each position attends only to itself and the ``sliding_window
+            - 1`` positions before it (Mistral), in the full pass and through the cache;
+            None (default): all earlier positions.
+    """
+
+    d_model: int
+    num_heads: int
+    dff: int
+    rate: float = 0.1
+    norm: str = "layer"
+    norm_first: bool = False
+    epsilon: float = 1e-6
+    activation: str = "relu"
+    gated: bool = False
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    attention_bias: bool = True
+    output_bias: bool = True
+    ffn_bias: bool = True
+    rotary_max_length: int | None = None
+    rotary_base: float = 10000.0
+    rotary_dim: int | None = None
+    rotary_interleaved: bool = False
+    rotary_scaling: dict | None = None
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        where = "DecoderBlockConfig"
+        checked = {
+            name: check_positive_int(where, name, getattr(self, name))
+            for name in ("d_model", "num_heads", "dff")
+        }
+        checked["head_dim"] = check_positive_int(where, "head_dim", self.head_dim, True)
+        if checked["head_dim"] is None and checked["d_model"] % checked["num_heads"]:
+            raise ValueError(
+                f"{where}: `d_model` ({self.d_model}) must be divisible by `num_heads` "
+                f"({self.num_heads}), or give `head_dim`."
+            )
+        if self.norm not in NORMS:
+            raise ValueError(f"{where}: `norm` must be one of {NORMS}; received {self.norm!r}.")
+        for name in ("norm_first", "gated", "attention_bias", "output_bias", "ffn_bias"):
+            _check_bool(where, name, getattr(self, name))
+        checked["rate"] = check_rate(where, "rate", self.rate)
+        checked["epsilon"] = check_epsilon(where, self.epsilon)
+        checked["activation"] = check_activation(where, self.activation)
+        checked["num_key_value_heads"] = check_kv_heads(
+            where, checked["num_heads"], self.num_key_value_heads
+        )
+        checked["sliding_window"] = check_sliding_window(where, self.sliding_window)
+        rotary = check_rotary_args(
+            where, checked["head_dim"] or checked["d_model"] // checked["num_heads"],
+            self.rotary_max_length, self.rotary_base, self.rotary_dim,
+            self.rotary_interleaved, self.rotary_scaling,
+        )  # fmt: skip
+        names = ("rotary_max_length", "rotary_base", "rotary_dim", "rotary_interleaved",
+                 "rotary_scaling")  # fmt: skip
+        checked.update(zip(names, rotary))
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def key_dim(self) -> int:
+        """The per-head width: ``head_dim``, else ``d_model // num_heads``."""
+        return self.head_dim or self.d_model // self.num_heads
+
+    def attention_options(self) -> dict[str, Any]:
+        """The self-attention's `MultiHeadAttention` arguments (the one place where the
+        block's field names meet the attention layer's)."""
+        return {
+            "num_heads": self.num_heads, "key_dim": self.key_dim,
+            "use_bias": self.attention_bias, "use_output_bias": self.output_bias,
+            "output_shape": self.d_model, "sliding_window": self.sliding_window,
+            "num_key_value_heads": self.num_key_value_heads,
+            "rotary_max_length": self.rotary_max_length, "rotary_base": self.rotary_base,
+            "rotary_dim": self.rotary_dim, "rotary_interleaved": self.rotary_interleaved,
+            "rotary_scaling": self.rotary_scaling,
+        }  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (JSON-ready; ``DecoderBlockConfig(**d)`` remakes it)."""
+        return dataclasses.asdict(self)
+
+
+#: The field names of `DecoderBlockConfig`: the options `TransformerDecoderOnlyLayer`
+#: takes as keyword arguments.
+BLOCK_OPTIONS = tuple(f.name for f in dataclasses.fields(DecoderBlockConfig))
+
+
+def block_config(where: str, config: Any, options: dict[str, Any]) -> DecoderBlockConfig:
+    """``config`` (a `DecoderBlockConfig`, a dict of its fields or None) with ``options``
+    (field values given as keyword arguments) applied over it."""
+    if isinstance(config, DecoderBlockConfig):
+        return dataclasses.replace(config, **options) if options else config
+    if isinstance(config, dict):
+        unknown = sorted(set(config) - set(BLOCK_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"{where}: `config` holds keys that are not DecoderBlockConfig fields: "
+                f"{unknown}; the fields are {list(BLOCK_OPTIONS)}."
+            )
+        options = {**config, **options}
+    elif config is not None:
+        raise TypeError(
+            f"{where}: `config` must be a DecoderBlockConfig, a dict of its fields or None; "
+            f"received {describe(config)}."
+        )
+    missing = [k for k in ("d_model", "num_heads", "dff") if k not in options]
+    if missing:
+        raise TypeError(f"{where}: give `d_model`, `num_heads` and `dff` (or `config`); "
+                        f"missing {missing}.")  # fmt: skip
+    return DecoderBlockConfig(**options)
 
 
 @keras.saving.register_keras_serializable(package="multiattn")
@@ -64,37 +215,16 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
     or `RMSNormalization` with ``scale``), ``dropout_1``, ``dropout_2``.
 
     Args:
-        d_model: model width (``hidden_size``).
-        num_heads: query heads.
-        dff: hidden width of the feed-forward network (``intermediate_size``).
-        rate: dropout rate after the attention and the feed-forward network (training
-            only); default 0.1 as the other blocks.
-        norm: ``"layer"`` (default) or ``"rms"`` (see `NORMS`).
-        norm_first: pre-norm instead of post-norm (default False).
-        epsilon: epsilon of both normalisations, a positive float (default 1e-6;
-            GPT-2 uses 1e-5, Llama 1e-5 or 1e-6: read ``layer_norm_epsilon`` /
-            ``rms_norm_eps`` from the checkpoint's config).
-        activation: feed-forward activation, one of `multiattn.ops.ACTIVATIONS` (default
-            ``"relu"``; GPT-2: ``"gelu_new"``; Llama, Qwen2, Mistral: ``"silu"`` with
-            ``gated=True``).
-        gated: gated feed-forward network (SwiGLU / GeGLU, see `FeedForward`).
-        num_key_value_heads: key/value heads (grouped-query attention); None: ``num_heads``.
-        head_dim: per-head width of queries, keys and values; None (default): ``d_model
-            // num_heads`` (``d_model`` must then be divisible by ``num_heads``).
-        attention_bias: biases on the query, key and value projections (GPT-2 and Qwen2:
-            True; Llama and Mistral: False). Default True.
-        output_bias: bias on the attention output projection (GPT-2: True; Qwen2, Llama,
-            Mistral: False). Default True.
-        ffn_bias: biases in the feed-forward projections (GPT-2: True; Llama: False).
-            Default True.
-        rotary_max_length: rotary position embedding in the attention for positions up to
-            this many; None (default): no positions inside the block.
-        rotary_base, rotary_dim, rotary_interleaved, rotary_scaling: the rotary options of
-            `MultiHeadAttention` (base ``rope_theta``; rotated features per head; pairs
-            ``(2i, 2i + 1)``; Hugging Face style ``rope_scaling`` dict).
-        sliding_window: each position attends only to itself and the ``sliding_window
-            - 1`` positions before it (Mistral), in the full pass and through the cache;
-            None (default): all earlier positions.
+        d_model, num_heads, dff: the sizes (``hidden_size``, query heads,
+            ``intermediate_size``).
+        config: every option at once, a `DecoderBlockConfig` (or a dict of its fields);
+            None (default): the options are the keyword arguments.
+        **options: any field of `DecoderBlockConfig` (``rate``, ``norm``, ``norm_first``,
+            ``epsilon``, ``activation``, ``gated``, ``num_key_value_heads``, ``head_dim``,
+            ``attention_bias``, ``output_bias``, ``ffn_bias``, the ``rotary_*`` options,
+            ``sliding_window``), with the defaults and meaning given there; given with
+            ``config``, they replace its fields. The layer keeps the result as
+            ``config`` and each field as an attribute of the same name.
         seed: int seed for the dropout layers.
         kernel_initializer, bias_initializer: Keras initializers of every projection (each
             sublayer gets its own copy). Defaults ``glorot_uniform`` and ``zeros``.
@@ -134,100 +264,51 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
 
     def __init__(
         self,
-        d_model: int,
-        num_heads: int,
-        dff: int,
-        rate: float = 0.1,
-        norm: str = "layer",
-        norm_first: bool = False,
-        epsilon: float = 1e-6,
-        activation: str = "relu",
-        gated: bool = False,
-        num_key_value_heads: int | None = None,
-        head_dim: int | None = None,
-        attention_bias: bool = True,
-        output_bias: bool = True,
-        ffn_bias: bool = True,
-        rotary_max_length: int | None = None,
-        rotary_base: float = 10000.0,
-        rotary_dim: int | None = None,
-        rotary_interleaved: bool = False,
-        rotary_scaling: dict | None = None,
-        sliding_window: int | None = None,
+        d_model: int | None = None,
+        num_heads: int | None = None,
+        dff: int | None = None,
+        *,
+        config: DecoderBlockConfig | dict | None = None,
         seed: int | None = None,
         kernel_initializer: Any = "glorot_uniform",
         bias_initializer: Any = "zeros",
         **kwargs: Any,
     ):
+        options = {k: kwargs.pop(k) for k in BLOCK_OPTIONS if k in kwargs}
+        sizes = {"d_model": d_model, "num_heads": num_heads, "dff": dff}
+        options.update({k: v for k, v in sizes.items() if v is not None})
         super().__init__(**kwargs)
         where = self._WHERE
-        self.d_model = check_positive_int(where, "d_model", d_model)
-        self.num_heads = check_positive_int(where, "num_heads", num_heads)
-        self.dff = check_positive_int(where, "dff", dff)
-        self.head_dim = check_positive_int(where, "head_dim", head_dim, allow_none=True)
-        if self.head_dim is None and self.d_model % self.num_heads:
-            raise ValueError(
-                f"{where}: `d_model` ({d_model}) must be divisible by `num_heads` "
-                f"({num_heads}), or give `head_dim`."
-            )
-        self.rate = check_rate(where, "rate", rate)
-        if norm not in NORMS:
-            raise ValueError(f"{where}: `norm` must be one of {NORMS}; received {norm!r}.")
-        self.norm = norm
-        self.norm_first = _check_bool(where, "norm_first", norm_first)
-        self.epsilon = check_epsilon(where, epsilon)
-        self.activation = check_activation(where, activation)
-        self.gated = _check_bool(where, "gated", gated)
-        self.attention_bias = _check_bool(where, "attention_bias", attention_bias)
-        self.output_bias = _check_bool(where, "output_bias", output_bias)
-        self.ffn_bias = _check_bool(where, "ffn_bias", ffn_bias)
+        self.config = config = block_config(where, config, options)
+        for field in dataclasses.fields(config):  # the options as Keras-style attributes
+            setattr(self, field.name, getattr(config, field.name))
         self.seed = seed = check_layer_seed(where, seed)
         self.kernel_initializer, self.bias_initializer = block_initializers(
             where, kernel_initializer, bias_initializer
         )
         self.supports_masking = True
         dtype = self.dtype_policy
-        # MultiHeadAttention validates (and names) the attention and rotary options.
         self.self_attention = MultiHeadAttention(
-            self.num_heads,
-            self.head_dim or self.d_model // self.num_heads,
-            use_bias=self.attention_bias,
-            use_output_bias=self.output_bias,
-            output_shape=self.d_model,
-            sliding_window=sliding_window,
-            num_key_value_heads=num_key_value_heads,
-            rotary_max_length=rotary_max_length,
-            rotary_base=rotary_base,
-            rotary_dim=rotary_dim,
-            rotary_interleaved=rotary_interleaved,
-            rotary_scaling=rotary_scaling,
+            **config.attention_options(),
             name="self_attention",
             dtype=dtype,
             **sublayer_initializers(self),
         )
-        attention = self.self_attention
-        self.num_key_value_heads = attention.num_key_value_heads
-        self.sliding_window = attention.sliding_window
-        self.rotary_max_length = attention.rotary_max_length
-        self.rotary_base = attention.rotary_base
-        self.rotary_dim = attention.rotary_dim
-        self.rotary_interleaved = attention.rotary_interleaved
-        self.rotary_scaling = attention.rotary_scaling
         self.ffn = FeedForward(
-            self.dff,
-            activation=self.activation,
-            gated=self.gated,
-            use_bias=self.ffn_bias,
+            config.dff,
+            activation=config.activation,
+            gated=config.gated,
+            use_bias=config.ffn_bias,
             name="ffn",
             dtype=dtype,
             **sublayer_initializers(self),
         )
-        norm_class = LayerNormalization if norm == "layer" else RMSNormalization
-        self.norm_1 = norm_class(epsilon=self.epsilon, name="norm_1", dtype=dtype)
-        self.norm_2 = norm_class(epsilon=self.epsilon, name="norm_2", dtype=dtype)
+        norm_class = LayerNormalization if config.norm == "layer" else RMSNormalization
+        self.norm_1 = norm_class(epsilon=config.epsilon, name="norm_1", dtype=dtype)
+        self.norm_2 = norm_class(epsilon=config.epsilon, name="norm_2", dtype=dtype)
         seeds = [None if seed is None else seed + i for i in range(2)]
         self.dropout_1, self.dropout_2 = (
-            keras.layers.Dropout(self.rate, seed=s, name=f"dropout_{i + 1}", dtype=dtype)
+            keras.layers.Dropout(config.rate, seed=s, name=f"dropout_{i + 1}", dtype=dtype)
             for i, s in enumerate(seeds)
         )
 
@@ -300,29 +381,9 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
         return None
 
     def get_config(self) -> dict:
-        scaling = self.rotary_scaling
         return {
             **super().get_config(),
-            "d_model": self.d_model,
-            "num_heads": self.num_heads,
-            "dff": self.dff,
-            "rate": self.rate,
-            "norm": self.norm,
-            "norm_first": self.norm_first,
-            "epsilon": self.epsilon,
-            "activation": self.activation,
-            "gated": self.gated,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "attention_bias": self.attention_bias,
-            "output_bias": self.output_bias,
-            "ffn_bias": self.ffn_bias,
-            "rotary_max_length": self.rotary_max_length,
-            "rotary_base": self.rotary_base,
-            "rotary_dim": self.rotary_dim,
-            "rotary_interleaved": self.rotary_interleaved,
-            "rotary_scaling": None if scaling is None else dict(scaling),
-            "sliding_window": self.sliding_window,
+            **self.config.to_dict(),
             "seed": self.seed,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),

@@ -25,6 +25,7 @@ from typing import Any
 _SUBMODULES = ("bert", "causal_lm", "t5", "vit")
 _NAMES = {"from_pretrained": "pretrained", "PretrainedModel": "pretrained",
           "PretrainedCausalLM": "pretrained", "CausalLM": "causal_lm",
+          "CausalLMConfig": "causal_lm", "T5Config": "t5",
           "T5ForConditionalGeneration": "t5"}  # fmt: skip
 
 __all__ = [*_SUBMODULES, *_NAMES]

@@ -5,7 +5,7 @@ tensorflow; numpy for inference), with greedy and sampled generation through the
 position embeddings for GPT-2), pre-norm `multiattn.layers.TransformerDecoderOnlyLayer`
 blocks (rotary positions inside the attention for the others), a final normalisation and
 the output projection to the vocabulary (tied to the word embeddings or not). The family
-only chooses the constructor arguments (`multiattn.hf.causal_lm`); there is one
+only chooses the `CausalLMConfig` (from `multiattn.hf.causal_lm`); there is one
 forward pass.
 
 Positions of a left-padded batch are those transformers computes from the mask: a real
@@ -16,6 +16,7 @@ on slot indices and give the same scores.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import keras
@@ -25,13 +26,73 @@ from .._checks import check_positive_int
 from ..decoding.generation import GenerationMixin, check_lengths, left_padded_prompt
 from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnlyLayer
 from ..layers._base import call_sublayer
+from ..layers.decoder_only import DecoderBlockConfig, block_config
 from ..namespaces.keras import get_ops
 from .bert import assign_weight
 
-__all__ = ["CausalLM"]
+__all__ = ["CausalLM", "CausalLMConfig"]
 
-_SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-              "max_positions")  # fmt: skip
+# The model's own fields among the flat sizes of `multiattn.hf.causal_lm`; the other keys
+# are the blocks' (`DecoderBlockConfig`), four of them under Hugging Face names.
+_MODEL_KEYS = ("vocab_size", "num_layers", "max_positions", "learned_positions", "tied",
+               "fused_qkv")  # fmt: skip
+_BLOCK_NAMES = {"hidden_size": "d_model", "intermediate_size": "dff",
+                "rope_theta": "rotary_base", "rope_scaling": "rotary_scaling"}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalLMConfig:
+    """The options of a `CausalLM`, checked when made (errors name the field and quote
+    the value).
+
+    Fields:
+        vocab_size, num_layers: sizes.
+        max_positions: the context (``max_position_embeddings`` / ``n_positions``): the
+            learned position table's length; longer inputs are refused.
+        block: every block's options, a `multiattn.layers.DecoderBlockConfig` (or a dict
+            of its fields): widths, heads, normalisation, feed-forward network, biases,
+            rotary positions, sliding window.
+        learned_positions: learned absolute position embeddings added to the tokens
+            (GPT-2); False (default): positions only inside the blocks (rotary).
+        tied: the output projection is the word embedding matrix.
+        fused_qkv: the neutral weights hold one ``layer_<i>/qkv`` projection (GPT-2's
+            ``c_attn``) instead of separate query, key and value kernels; the model is
+            the same.
+    """
+
+    vocab_size: int
+    num_layers: int
+    max_positions: int
+    block: DecoderBlockConfig
+    learned_positions: bool = False
+    tied: bool = False
+    fused_qkv: bool = False
+
+    def __post_init__(self) -> None:
+        where = "CausalLMConfig"
+        for name in ("vocab_size", "num_layers", "max_positions"):
+            object.__setattr__(self, name, check_positive_int(where, name, getattr(self, name)))
+        for name in ("learned_positions", "tied", "fused_qkv"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"{where}: `{name}` must be a bool; received {getattr(self, name)!r}."
+                )
+        object.__setattr__(self, "block", block_config(where, self.block, {}))
+
+    @classmethod
+    def from_sizes(cls, sizes: dict[str, Any]) -> CausalLMConfig:
+        """The config of the flat sizes dict of `multiattn.hf.causal_lm` (Hugging Face
+        names): pre-norm blocks without dropout, rotary over ``max_positions`` unless
+        the positions are learned."""
+        model = {k: sizes[k] for k in _MODEL_KEYS if k in sizes}
+        block = {_BLOCK_NAMES.get(k, k): v for k, v in sizes.items() if k not in _MODEL_KEYS}
+        rotary = None if model.get("learned_positions") else sizes.get("max_positions")
+        block.update(rate=0.0, norm_first=True, rotary_max_length=rotary)
+        return cls(**model, block=block)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (``block`` a dict too; JSON-ready)."""
+        return dataclasses.asdict(self)
 
 
 @keras.saving.register_keras_serializable(package="multiattn")
@@ -45,19 +106,8 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
     logits are then ``states @ word.T``).
 
     Args:
-        vocab_size, hidden_size, num_layers, num_heads, intermediate_size: sizes.
-        max_positions: the context (``max_position_embeddings`` / ``n_positions``): the
-            learned position table, or the rotary table's length.
-        num_key_value_heads, head_dim: grouped-query attention; defaults ``num_heads`` and
-            ``hidden_size // num_heads``.
-        epsilon, norm, activation, gated, attention_bias, output_bias, ffn_bias,
-        sliding_window: as `TransformerDecoderOnlyLayer`.
-        learned_positions: learned absolute position embeddings added to the tokens
-            (GPT-2); False: rotary positions (``rope_theta``, ``rope_scaling``).
-        tied: the output projection is the word embedding matrix.
-        fused_qkv: the neutral weights hold one ``layer_<i>/qkv`` projection (GPT-2's
-            ``c_attn``) instead of separate query, key and value kernels; the layer is
-            the same.
+        config: a `CausalLMConfig` (or a dict of its fields, ``block`` a dict too).
+        **kwargs: ``keras.layers.Layer`` arguments (``name``, ``dtype``, ...).
 
     Call arguments:
         input_ids: int ``(batch, seq)``, values in ``[0, vocab_size)``.
@@ -70,75 +120,34 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         (from no keys, see docs/fully-masked-rows.md) and carry no meaning.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        hidden_size: int,
-        num_layers: int,
-        num_heads: int,
-        intermediate_size: int,
-        max_positions: int,
-        num_key_value_heads: int | None = None,
-        head_dim: int | None = None,
-        epsilon: float = 1e-6,
-        norm: str = "rms",
-        activation: str = "silu",
-        gated: bool = True,
-        attention_bias: bool = False,
-        output_bias: bool = False,
-        ffn_bias: bool = False,
-        learned_positions: bool = False,
-        rope_theta: float = 10000.0,
-        rope_scaling: dict | None = None,
-        sliding_window: int | None = None,
-        tied: bool = False,
-        fused_qkv: bool = False,
-        **kwargs: Any,
-    ):
+    def __init__(self, config: CausalLMConfig | dict, **kwargs: Any):
         super().__init__(**kwargs)
-        where = "CausalLM"
-        for name, value in zip(_SIZE_KEYS, (vocab_size, hidden_size, num_layers, num_heads,
-                                            intermediate_size, max_positions)):  # fmt: skip
-            setattr(self, name, check_positive_int(where, name, value))
-        for name, value in (("learned_positions", learned_positions), ("tied", tied),
-                            ("fused_qkv", fused_qkv)):  # fmt: skip
-            if not isinstance(value, bool):
-                raise TypeError(f"{where}: `{name}` must be a bool; received {value!r}.")
-            setattr(self, name, value)
-        self.epsilon, self.norm = epsilon, norm
-        self.blocks = [
-            TransformerDecoderOnlyLayer(
-                hidden_size,
-                num_heads,
-                intermediate_size,
-                rate=0.0,
-                norm=norm,
-                norm_first=True,
-                epsilon=epsilon,
-                activation=activation,
-                gated=gated,
-                num_key_value_heads=num_key_value_heads,
-                head_dim=head_dim,
-                attention_bias=attention_bias,
-                output_bias=output_bias,
-                ffn_bias=ffn_bias,
-                rotary_max_length=None if learned_positions else max_positions,
-                rotary_base=rope_theta,
-                rotary_scaling=rope_scaling,
-                sliding_window=sliding_window,
-                name=f"layer_{i}",
-                dtype=self.dtype_policy,
+        if isinstance(config, dict):
+            config = CausalLMConfig(**config)
+        if not isinstance(config, CausalLMConfig):
+            raise TypeError(
+                f"CausalLM: `config` must be a CausalLMConfig or a dict of its fields; "
+                f"received {type(config).__name__}."
             )
-            for i in range(num_layers)
+        self.config = config
+        policy = self.dtype_policy
+        self.blocks = [
+            TransformerDecoderOnlyLayer(config=config.block, name=f"layer_{i}", dtype=policy)
+            for i in range(config.num_layers)
         ]
-        first = self.blocks[0]
-        self.num_key_value_heads, self.head_dim = first.num_key_value_heads, head_dim
-        self.activation, self.gated = first.activation, first.gated
-        self.attention_bias, self.output_bias = first.attention_bias, first.output_bias
-        self.ffn_bias, self.sliding_window = first.ffn_bias, first.sliding_window
-        self.rope_theta, self.rope_scaling = first.rotary_base, first.rotary_scaling
-        norm_class = LayerNormalization if norm == "layer" else RMSNormalization
-        self.final_norm = norm_class(epsilon=epsilon, name="final_norm", dtype=self.dtype_policy)
+        norm_class = LayerNormalization if config.block.norm == "layer" else RMSNormalization
+        self.final_norm = norm_class(
+            epsilon=config.block.epsilon, name="final_norm", dtype=self.dtype_policy
+        )
+
+    vocab_size = property(lambda self: self.config.vocab_size)
+    hidden_size = property(lambda self: self.config.block.d_model)
+    num_heads = property(lambda self: self.config.block.num_heads)
+    num_layers = property(lambda self: self.config.num_layers)
+    max_positions = property(lambda self: self.config.max_positions)
+    learned_positions = property(lambda self: self.config.learned_positions)
+    tied = property(lambda self: self.config.tied)
+    fused_qkv = property(lambda self: self.config.fused_qkv)
 
     def build(self, input_ids_shape=None):
         e, v = self.hidden_size, self.vocab_size
@@ -264,26 +273,14 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         return {"logits": (b, s, self.vocab_size), "last_hidden_state": (b, s, self.hidden_size)}
 
     def get_config(self) -> dict:
-        first = self.blocks[0]
-        return {
-            **super().get_config(),
-            **{k: getattr(self, k) for k in _SIZE_KEYS},
-            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
-            "epsilon": self.epsilon, "norm": self.norm, "activation": self.activation,
-            "gated": self.gated, "attention_bias": self.attention_bias,
-            "output_bias": self.output_bias, "ffn_bias": self.ffn_bias,
-            "learned_positions": self.learned_positions, "rope_theta": self.rope_theta,
-            "rope_scaling": None if first.rotary_scaling is None else dict(first.rotary_scaling),
-            "sliding_window": self.sliding_window, "tied": self.tied,
-            "fused_qkv": self.fused_qkv,
-        }  # fmt: skip
+        return {**super().get_config(), "config": self.config.to_dict()}
 
     # --- the protocol of `multiattn.hf.pretrained` --------------------------------
 
     @classmethod
     def from_sizes(cls, sizes: dict, pooler: bool = False, dtype: Any = None) -> CausalLM:
         """A built `CausalLM` from `multiattn.hf.causal_lm` sizes."""
-        model = cls(**sizes, dtype=dtype)
+        model = cls(CausalLMConfig.from_sizes(sizes), dtype=dtype)
         model.build()
         return model
 

@@ -18,20 +18,101 @@ the decoder's self-attention KV cache from ``decoder_start_token_id``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import keras
 import numpy as np
 
-from .._checks import check_positive_int
+from .._checks import check_positive_int, check_relative_buckets, describe
 from ..decoding._checks import check_int
 from ..decoding.generation import GenerationMixin, check_new_tokens, prompt_arrays
 from ..layers import FeedForward, MultiHeadAttention, RMSNormalization
+from ..ops.activations import check_activation
+from ..ops.normalization import check_epsilon
 from .bert import assign_weight
 from .causal_lm import step_ids, step_index
 
-__all__ = ["T5Attention", "T5Block", "T5ForConditionalGeneration", "relative_buckets"]
+__all__ = ["T5Attention", "T5Block", "T5Config", "T5ForConditionalGeneration", "relative_buckets"]
+
+_SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_dim",
+              "intermediate_size", "num_buckets", "max_distance")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    """The options of a `T5ForConditionalGeneration` and its `T5Block` s, checked when
+    made (errors name the field and quote the value).
+
+    Fields:
+        vocab_size, hidden_size: the vocabulary and the width (``d_model``).
+        num_layers, num_decoder_layers: encoder and decoder blocks (the second defaults
+            to ``num_layers``).
+        num_heads, head_dim, intermediate_size: the heads, their width (``d_kv``) and the
+            feed-forward width (``d_ff``).
+        num_buckets, max_distance: ``relative_attention_num_buckets`` (at least 4) and
+            ``relative_attention_max_distance`` (more than ``num_buckets // 2``): see
+            `multiattn._checks.check_relative_buckets`.
+        epsilon: of every norm. activation, gated: the feed-forward network
+            (``relu``/False, or ``gelu_new``/True for ``gated-gelu``).
+        decoder_start_token_id: the first decoder token of `generate`, in ``[0,
+            vocab_size)``.
+        scale_output: scale the decoder output by ``d_model ** -0.5`` before the tied
+            projection (original T5; transformers' ``scale_decoder_outputs``).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    intermediate_size: int
+    num_decoder_layers: int | None = None
+    num_buckets: int = 32
+    max_distance: int = 128
+    epsilon: float = 1e-6
+    activation: str = "relu"
+    gated: bool = False
+    decoder_start_token_id: int = 0
+    scale_output: bool = True
+
+    def __post_init__(self) -> None:
+        where = "T5Config"
+        checked = {k: check_positive_int(where, k, getattr(self, k)) for k in _SIZE_KEYS}
+        layers = self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+        checked["num_decoder_layers"] = check_positive_int(where, "num_decoder_layers", layers)
+        names = ("num_buckets", "max_distance")
+        check_relative_buckets(where, checked["num_buckets"], checked["max_distance"], names)
+        checked["epsilon"] = check_epsilon(where, self.epsilon)
+        checked["activation"] = check_activation(where, self.activation)
+        for name in ("gated", "scale_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{where}: `{name}` must be a bool; received "
+                                f"{describe(getattr(self, name))}.")  # fmt: skip
+        start = check_int(where, "decoder_start_token_id", self.decoder_start_token_id, 0)
+        if start is None or start >= checked["vocab_size"]:
+            raise ValueError(
+                f"{where}: `decoder_start_token_id` must be a token id in [0, "
+                f"{self.vocab_size}); received {self.decoder_start_token_id!r}."
+            )
+        checked["decoder_start_token_id"] = start
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (``T5Config(**d)`` remakes it)."""
+        return dataclasses.asdict(self)
+
+
+def t5_config(where: str, config: Any) -> T5Config:
+    """``config`` as a `T5Config` (a dict of its fields is made into one)."""
+    if isinstance(config, dict):
+        config = T5Config(**config)
+    if not isinstance(config, T5Config):
+        raise TypeError(f"{where}: `config` must be a T5Config or a dict of its fields; "
+                        f"received {describe(config)}.")  # fmt: skip
+    return config
 
 
 def relative_buckets(
@@ -80,36 +161,33 @@ class T5Block(keras.layers.Layer):
     `RMSNormalization` with ``epsilon``.
 
     Args:
-        hidden_size, num_heads, head_dim, intermediate_size: ``d_model``, heads, ``d_kv``
-            and ``d_ff``.
-        epsilon: of the norms. activation, gated: of the feed-forward network.
+        config: the model's `T5Config` (or a dict of its fields): the widths, heads,
+            ``epsilon`` of the norms, ``activation`` and ``gated`` of the feed-forward
+            network.
         decoder: add the cross-attention.
 
     The sublayers validate their own arguments (``ValueError``/``TypeError`` naming them).
     """
 
-    def __init__(self, hidden_size, num_heads, head_dim, intermediate_size, epsilon=1e-6,
-                 activation="relu", gated=False, decoder=False, **kwargs):  # fmt: skip
+    def __init__(self, config: T5Config | dict, decoder: bool = False, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(decoder, bool):
             raise TypeError(f"T5Block: `decoder` must be a bool; received {decoder!r}.")
-        hidden_size = check_positive_int("T5Block", "hidden_size", hidden_size)
-        self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
-        self.intermediate_size, self.epsilon = intermediate_size, epsilon
-        self.activation, self.gated, self.decoder = activation, gated, decoder
+        self.config = c = t5_config("T5Block", config)
+        self.hidden_size, self.decoder = c.hidden_size, decoder
         policy = self.dtype_policy
 
         def attention(name):
-            return T5Attention(num_heads, head_dim, use_bias=False, output_dim=hidden_size,
-                               name=name, dtype=policy)  # fmt: skip
+            return T5Attention(c.num_heads, c.head_dim, use_bias=False,
+                               output_dim=c.hidden_size, name=name, dtype=policy)  # fmt: skip
 
         def norm(name):
-            return RMSNormalization(epsilon=epsilon, name=name, dtype=policy)
+            return RMSNormalization(epsilon=c.epsilon, name=name, dtype=policy)
 
         self.self_attention, self.norm_1 = attention("self_attention"), norm("norm_1")
         self.cross_attention = attention("cross_attention") if decoder else None
         self.norm_2 = norm("norm_2") if decoder else None
-        self.ffn = FeedForward(intermediate_size, activation=activation, gated=gated,
+        self.ffn = FeedForward(c.intermediate_size, activation=c.activation, gated=c.gated,
                                use_bias=False, name="ffn", dtype=policy)  # fmt: skip
         self.norm_3 = norm("norm_3")
 
@@ -147,16 +225,7 @@ class T5Block(keras.layers.Layer):
         return x + self.ffn(self.norm_3(x)), cache
 
     def get_config(self) -> dict:
-        return {
-            **super().get_config(), "hidden_size": self.hidden_size,
-            "num_heads": self.num_heads, "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size, "epsilon": self.epsilon,
-            "activation": self.activation, "gated": self.gated, "decoder": self.decoder,
-        }  # fmt: skip
-
-
-_SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_decoder_layers", "num_heads",
-              "head_dim", "intermediate_size", "num_buckets", "max_distance")  # fmt: skip
+        return {**super().get_config(), "config": self.config.to_dict(), "decoder": self.decoder}
 
 
 @keras.saving.register_keras_serializable(package="multiattn")
@@ -169,18 +238,8 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
     (`T5Block`, named ``encoder_<i>`` / ``decoder_<i>``), ``encoder_norm`` and ``decoder_norm``.
 
     Args:
-        vocab_size, hidden_size: the vocabulary and the width (``d_model``).
-        num_layers, num_decoder_layers: encoder and decoder blocks (the second defaults
-            to ``num_layers``).
-        num_heads, head_dim, intermediate_size: the heads, their width (``d_kv``) and the
-            feed-forward width (``d_ff``).
-        num_buckets, max_distance: ``relative_attention_num_buckets`` and
-            ``relative_attention_max_distance``.
-        epsilon: of every norm. activation, gated: the feed-forward network
-            (``relu``/False, or ``gelu_new``/True for ``gated-gelu``).
-        decoder_start_token_id: the first decoder token of `generate`.
-        scale_output: scale the decoder output by ``d_model ** -0.5`` before the tied
-            projection (original T5; transformers' ``scale_decoder_outputs``).
+        config: a `T5Config` (or a dict of its fields).
+        **kwargs: ``keras.layers.Layer`` arguments (``name``, ``dtype``, ...).
 
     Call arguments:
         input_ids: int ``(batch, src)``; attention_mask: ``(batch, src)``, 1 / True = real
@@ -196,36 +255,18 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
         Rows of padded positions are computed too and carry no meaning.
     """
 
-    def __init__(self, vocab_size, hidden_size, num_layers, num_heads, head_dim,
-                 intermediate_size, num_decoder_layers=None, num_buckets=32,
-                 max_distance=128, epsilon=1e-6, activation="relu", gated=False,
-                 decoder_start_token_id=0, scale_output=True, **kwargs):  # fmt: skip
+    def __init__(self, config: T5Config | dict, **kwargs):
         super().__init__(**kwargs)
-        where = "T5ForConditionalGeneration"
-        num_decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
-        values = (vocab_size, hidden_size, num_layers, num_decoder_layers, num_heads, head_dim,
-                  intermediate_size, num_buckets, max_distance)  # fmt: skip
-        for name, value in zip(_SIZE_KEYS, values):
-            setattr(self, name, check_positive_int(where, name, value))
-        start = check_int(where, "decoder_start_token_id", decoder_start_token_id, 0)
-        if start is None or start >= vocab_size:
-            raise ValueError(
-                f"{where}: `decoder_start_token_id` must be a token id in [0, {vocab_size}); "
-                f"received {decoder_start_token_id!r}."
-            )
-        self.decoder_start_token_id = start
-        if not isinstance(scale_output, bool):
-            raise TypeError(f"{where}: `scale_output` must be a bool; received {scale_output!r}.")
-        self.scale_output = scale_output
-        self.epsilon, self.activation, self.gated = epsilon, activation, gated
-        args = (hidden_size, num_heads, head_dim, intermediate_size, epsilon, activation, gated)
+        self.config = c = t5_config("T5ForConditionalGeneration", config)
+        for name in (*_SIZE_KEYS, "decoder_start_token_id", "scale_output"):
+            setattr(self, name, getattr(c, name))
         policy = self.dtype_policy
-        self.encoder_blocks = [T5Block(*args, name=f"encoder_{i}", dtype=policy)
-                               for i in range(num_layers)]  # fmt: skip
-        self.decoder_blocks = [T5Block(*args, decoder=True, name=f"decoder_{i}", dtype=policy)
-                               for i in range(num_decoder_layers)]  # fmt: skip
-        self.encoder_norm = RMSNormalization(epsilon=epsilon, name="encoder_norm", dtype=policy)
-        self.decoder_norm = RMSNormalization(epsilon=epsilon, name="decoder_norm", dtype=policy)
+        self.encoder_blocks = [T5Block(c, name=f"encoder_{i}", dtype=policy)
+                               for i in range(c.num_layers)]  # fmt: skip
+        self.decoder_blocks = [T5Block(c, decoder=True, name=f"decoder_{i}", dtype=policy)
+                               for i in range(c.num_decoder_layers)]  # fmt: skip
+        self.encoder_norm = RMSNormalization(epsilon=c.epsilon, name="encoder_norm", dtype=policy)
+        self.decoder_norm = RMSNormalization(epsilon=c.epsilon, name="decoder_norm", dtype=policy)
         self.max_positions = None  # relative positions: no context limit
 
     def build(self, input_shape=None):
@@ -367,19 +408,14 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
         return logits
 
     def get_config(self) -> dict:
-        return {
-            **super().get_config(), **{k: getattr(self, k) for k in _SIZE_KEYS},
-            "epsilon": self.epsilon, "activation": self.activation, "gated": self.gated,
-            "decoder_start_token_id": self.decoder_start_token_id,
-            "scale_output": self.scale_output,
-        }  # fmt: skip
+        return {**super().get_config(), "config": self.config.to_dict()}
 
     # --- the protocol of `multiattn.hf.pretrained` --------------------------------
 
     @classmethod
     def from_sizes(cls, sizes: dict, pooler: bool = False, dtype: Any = None):
         """A built model from `multiattn.hf.t5` sizes."""
-        model = cls(**sizes, dtype=dtype)
+        model = cls(T5Config(**sizes), dtype=dtype)
         model.build()
         return model
 

@@ -25,6 +25,7 @@ from ._twin import twin
 
 __all__ = [
     "AdditiveAttention",
+    "DecoderBlockConfig",
     "DotProductAttention",
     "FeedForward",
     "GroupQueryAttention",
@@ -41,6 +42,7 @@ __all__ = [
     "TransformerEncoderLayer",
 ]
 
+DecoderBlockConfig = _keras.DecoderBlockConfig  # a plain dataclass: the same on Keras
 DotProductAttention = twin(_keras.DotProductAttention)
 AdditiveAttention = twin(_keras.AdditiveAttention)
 RotaryEmbedding = twin(_keras.RotaryEmbedding)

@@ -26,6 +26,8 @@ __all__ = [
     "BertModel",
     "BertSentenceEncoder",
     "CausalLM",
+    "CausalLMConfig",
+    "T5Config",
     "T5ForConditionalGeneration",
     "ViTModel",
     "from_checkpoint",
@@ -36,8 +38,10 @@ BertModel = twin(_bert.BertModel)
 BertSentenceEncoder = twin(_bert.BertSentenceEncoder)
 ViTModel = twin(_vit.ViTModel)
 CausalLM = twin(_causal_lm.CausalLM)
+CausalLMConfig = _causal_lm.CausalLMConfig  # a plain dataclass: the same on Keras
 T5Attention = twin(_t5.T5Attention)
 T5Block = twin(_t5.T5Block)
 T5ForConditionalGeneration = twin(_t5.T5ForConditionalGeneration)
+T5Config = _t5.T5Config  # a plain dataclass: the same on Keras
 from_checkpoint = definition(_bert.from_checkpoint)
 set_bert_weights = definition(_bert.set_bert_weights)

@@ -537,6 +537,29 @@ def test_decoder_only_block_bad_arguments_raise_naming_them(kwargs, error, name)
         layers.TransformerDecoderOnlyLayer(8, 4, 12, **kwargs)
 
 
+def test_decoder_only_block_config_holds_every_option():
+    config = layers.DecoderBlockConfig(8, 4, 12, norm="rms", num_key_value_heads=2,
+                                       rotary_max_length=8, rotary_scaling={"type": "linear", "factor": 2.0})  # fmt: skip
+    layer = layers.TransformerDecoderOnlyLayer(config=config, name="b")
+    assert layer.config == config and layer.norm == "rms" and layer.num_key_value_heads == 2
+    assert config.rotary_scaling["rope_type"] == "linear"  # normalised as the attention does
+    assert layer.self_attention.rotary_scaling == config.rotary_scaling
+    # keyword options replace the config's fields; get_config is flat and round-trips
+    wide = layers.TransformerDecoderOnlyLayer(config=config, sliding_window=3)
+    assert wide.config.sliding_window == 3 and wide.self_attention.sliding_window == 3
+    again = layers.TransformerDecoderOnlyLayer.from_config(wide.get_config())
+    assert again.config == wide.config
+    assert layers.TransformerDecoderOnlyLayer(config=config.to_dict()).config == config
+    with pytest.raises(ValueError, match=r"not DecoderBlockConfig fields.*'heads'"):
+        layers.TransformerDecoderOnlyLayer(config={**config.to_dict(), "heads": 2})
+    with pytest.raises(TypeError, match="`config`"):
+        layers.TransformerDecoderOnlyLayer(config=[8, 4, 12])
+    with pytest.raises(TypeError, match="missing \\['dff'\\]"):
+        layers.TransformerDecoderOnlyLayer(8, 4)
+    with pytest.raises(ValueError, match="sliding_window"):
+        layers.DecoderBlockConfig(8, 4, 12, sliding_window=-1)
+
+
 def test_decoder_only_block_bad_calls_raise_naming_them():
     with pytest.raises(ValueError, match="divisible"):
         layers.TransformerDecoderOnlyLayer(10, 4, 12)

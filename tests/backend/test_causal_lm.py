@@ -608,11 +608,32 @@ def test_keras_serialization_round_trip(tmp_path, case):
     _build(case, tmp_path / "m")
     layer = from_pretrained(tmp_path / "m").layer
     again = keras.layers.deserialize(keras.layers.serialize(layer))
-    assert again.get_config() == layer.get_config()
+    assert again.get_config() == layer.get_config() and again.config == layer.config
+    block = layer.config.block  # one config, handed to every block
+    assert all(b.config is block for b in layer.blocks) and block.norm_first and block.rate == 0
+    assert (block.rotary_max_length is None) == (case == "gpt2") == layer.learned_positions
     again.set_neutral_weights(layer.neutral_weights())
     ids, mask = _batch()
     want = to_np(layer(ids, mask)["logits"])
     np.testing.assert_array_equal(to_np(again(ids, mask)["logits"]), want)
+
+
+def test_causal_lm_config_is_checked():
+    from multiattn.models.causal_lm import CausalLM, CausalLMConfig
+
+    block = {"d_model": 8, "num_heads": 2, "dff": 16}
+    for changes, error, named in [
+        ({"vocab_size": 0}, ValueError, "vocab_size"),
+        ({"tied": "yes"}, TypeError, "tied"),
+        ({"block": {**block, "norm": "batch"}}, ValueError, "norm"),
+        ({"block": {**block, "width": 8}}, ValueError, "width"),
+        ({"block": 8}, TypeError, "config"),
+    ]:
+        with pytest.raises(error, match=named):
+            CausalLMConfig(**{"vocab_size": 10, "num_layers": 1, "max_positions": 8,
+                              "block": block, **changes})  # fmt: skip
+    with pytest.raises(TypeError, match="config"):
+        CausalLM("gpt2")
 
 
 def test_default_generate_times_nothing_and_runs_one_loop(tmp_path, monkeypatch):

@@ -213,11 +213,39 @@ def _edited(built, tmp_path, **changes):
         ({"scale_decoder_outputs": "yes"}, "scale_decoder_outputs"),
         ({"dense_act_fn": "gelu"}, "dense_act_fn"),
         ({"some_new_option": 1}, "some_new_option"),
+        # the bucket arithmetic's preconditions: no bucket per distance, or no range left
+        # for the logarithmic buckets (a division by zero, then NaN or wrapped indices)
+        ({"relative_attention_num_buckets": 1}, "relative_attention_num_buckets"),
+        ({"relative_attention_num_buckets": 3}, "relative_attention_num_buckets"),
+        ({"relative_attention_max_distance": 16}, "relative_attention_max_distance"),
     ],
 )
 def test_unimplemented_config_options_are_refused_by_name(built, tmp_path, changes, named):
     with pytest.raises(ValueError, match=named):
         from_pretrained(_edited(built, tmp_path, **changes))
+
+
+def test_config_is_checked_and_round_trips(loaded):
+    from multiattn.models.t5 import T5Config, T5ForConditionalGeneration
+
+    model = loaded["relu"].layer
+    config = model.config
+    assert isinstance(config, T5Config) and config.num_decoder_layers == 2
+    again = T5ForConditionalGeneration.from_config(model.get_config())
+    assert again.config == config and again.decoder_blocks[0].config == config
+    fields = config.to_dict()
+    for changes, error, named in [
+        ({"num_heads": 0}, ValueError, "num_heads"),
+        ({"gated": 1}, TypeError, "gated"),
+        ({"activation": "gelu_fast"}, ValueError, "activation"),
+        ({"decoder_start_token_id": VOCAB}, ValueError, "decoder_start_token_id"),
+        ({"num_buckets": 2}, ValueError, "num_buckets"),
+        ({"max_distance": 8, "num_buckets": 16}, ValueError, "max_distance"),
+    ]:
+        with pytest.raises(error, match=named):
+            T5Config(**{**fields, **changes})
+    with pytest.raises(TypeError, match="config"):
+        T5ForConditionalGeneration([1, 2])
 
 
 def test_bad_inputs_are_refused(loaded):
