@@ -8,8 +8,12 @@ imports no framework; Keras (and with it the chosen backend) is imported on firs
 * `multiattn.ops`: the math (masked softmax, scoring functions, scaled dot-product
   attention, head split/merge, positional encoding).
 * `multiattn.layers`: Keras 3 layers.
+* `multiattn.models`: whole models (BERT, ViT, the causal LMs, T5) and ``from_pretrained``.
+* `multiattn.hf`: Hugging Face folders: config tables, tensor names, loading and saving.
+* `multiattn.decoding`: ``generate``: samplers, stopping and the decoding strategies.
+* `multiattn.config`: ``settings``, the few options the attention planner reads.
 * `multiattn.reference`: the float64 NumPy oracle used by tests and fixtures.
-* `multiattn.tuning`: kernel choices measured on the running machine, and its CPU.
+* `multiattn.tuning`: kernel choices measured on the running machine (opt-in), its CPU.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("config", "layers", "ops", "reference", "tuning")
+_SUBMODULES = ("config", "decoding", "hf", "layers", "models", "ops", "reference", "tuning")
 
-__all__ = ["__version__", "config", "layers", "ops", "reference", "tuning"]
+__all__ = ["__version__", *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
