@@ -33,11 +33,13 @@ def prompt_arrays(input_ids: Any, attention_mask: Any, vocab: int) -> tuple:
 
     Raises:
         ValueError: ``input_ids`` not a non-empty integer ``(batch, seq)`` array, ids
-            outside the vocabulary, a mask of another shape (named)."""
+            outside the vocabulary, a mask of another shape or with a row of pads only
+            (named)."""
     ids = _numpy("generate", "input_ids", input_ids)
-    if ids.ndim != 2 or ids.dtype.kind not in "iu" or ids.shape[1] == 0:
+    if ids.ndim != 2 or ids.dtype.kind not in "iu" or 0 in ids.shape:
         raise ValueError(
-            f"generate: `input_ids` must be a non-empty integer (batch, seq) array; received "
+            f"generate: `input_ids` must be a non-empty integer (batch, seq) array (batch and "
+            f"seq at least 1); received "
             f"shape {ids.shape} of {ids.dtype}."
         )
     if ids.min() < 0 or ids.max() >= vocab:
@@ -52,6 +54,12 @@ def prompt_arrays(input_ids: Any, attention_mask: Any, vocab: int) -> tuple:
         raise ValueError(
             f"generate: `attention_mask` must have the shape of `input_ids` {ids.shape}; "
             f"received {mask.shape}."
+        )
+    empty = np.flatnonzero(~(mask != 0).any(axis=1))
+    if empty.size:  # a row of pads only: nothing to continue
+        raise ValueError(
+            f"generate: every row of `attention_mask` must hold a real token (a non-zero "
+            f"entry); rows {empty.tolist()} hold none."
         )
     return ids.astype(np.int64), (mask != 0).astype(np.int64)
 
@@ -135,7 +143,8 @@ class GenerationMixin:
                 probability reaches ``top_p`` (`multiattn.decoding.samplers.Sampling`).
             eos_token_id: an id or a list of ids; a row that emitted one emits
                 ``pad_token_id`` afterwards; generation stops early once every row has.
-            pad_token_id: default ``eos_token_id`` (its first id).
+            pad_token_id: default ``eos_token_id`` (its first id); an id in ``[0,
+                vocab_size)``.
             seed: seed of the NumPy generator used for sampling (reproducible draws).
             strategy: how the tokens run (`multiattn.decoding.strategies`): None (the
                 default of `choose_strategy`: ``"compiled"`` on jax and TensorFlow for

@@ -130,7 +130,15 @@ class Sampling(Sampler):
     def filtered(self, logits: Any) -> np.ndarray:
         """float64 ``(batch, vocab)``: ``logits / temperature`` with the tokens outside
         top-k, then outside top-p, set to ``-inf``."""
-        logits = _as_logits("Sampling", logits) / self.temperature
+        raw = _as_logits("Sampling", logits)
+        with np.errstate(over="ignore"):
+            logits = raw / self.temperature
+        if not np.isfinite(logits[np.isfinite(raw)]).all():
+            raise ValueError(
+                f"Sampling: logits / temperature overflow float64 at temperature="
+                f"{self.temperature!r}; give a larger temperature, or do_sample=False for "
+                f"the most likely token."
+            )
         top_k, top_p = self.top_k, self.top_p
         if top_k is not None and top_k < logits.shape[-1]:
             kth = np.sort(logits, axis=-1)[:, -top_k][:, None]

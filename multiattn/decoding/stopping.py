@@ -88,12 +88,12 @@ def make_stopping(
 ) -> Stopping:
     """The `Stopping` of ``generate``'s arguments: ``eos_token_id`` None, an id or a list
     (or tuple) of ids in ``[0, vocab)``; ``pad_token_id`` None (then the first end id) or
-    an id >= 0; ``max_new_tokens`` an int >= 1 (the model checks it against its context
+    an id in ``[0, vocab)`` (a finished row's next step reads it back); ``max_new_tokens`` an int >= 1 (the model checks it against its context
     first).
 
     Raises:
         TypeError: an id or ``max_new_tokens`` not an int (named).
-        ValueError: an end id outside ``[0, vocab)``, a negative pad id.
+        ValueError: an end id or the pad id outside ``[0, vocab)``.
     """
     eos: tuple = ()
     if eos_token_id is not None:
@@ -105,6 +105,11 @@ def make_stopping(
                 f"list of them; received {eos_token_id!r}."
             )
     pad = check_int("generate", "pad_token_id", pad_token_id, 0)
+    if pad is not None and pad >= vocab:  # a finished row feeds it back as an id
+        raise ValueError(
+            f"generate: `pad_token_id` must be None or a token id in [0, {vocab}); "
+            f"received {pad_token_id!r}."
+        )
     new = check_int("generate", "max_new_tokens", max_new_tokens)
     if new is None:
         raise TypeError("generate: `max_new_tokens` must be an int; received None.")

@@ -29,6 +29,21 @@ FRAMEWORKS = ("jax", "torch", "tensorflow", "numpy", "paddle")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
+def _check_int32_ids(where: str, name: str, value: Any) -> None:
+    """NumPy (or list) ids beyond int32 refused before a framework converts them: jax
+    without 64-bit mode casts int64 to int32 and wraps (``2**32 + 5`` would read id 5).
+    The model's call checks the range against its vocabulary."""
+    if value is None or (hasattr(value, "dtype") and not isinstance(value, np.ndarray)):
+        return  # a framework tensor: its values reach the model as they are
+    arr = np.asarray(value)
+    if arr.dtype.kind in "iu" and arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
+        bad = arr[(arr < -(2**31)) | (arr >= 2**31)].flat[0]
+        raise ValueError(
+            f"{where}: `{name}` must hold token ids; received {bad}, beyond the int32 "
+            f"range (ids are below the vocabulary size)."
+        )
+
+
 class PretrainedModel:
     """A loaded Hugging Face base model on the process's Keras backend.
 
@@ -88,6 +103,9 @@ class PretrainedModel:
         first = allowed[0]
         if inputs.get(first) is None:
             raise TypeError(f"{self.family.architecture}: `{first}` is required.")
+        for name, value in inputs.items():
+            if name.endswith("_ids"):
+                _check_int32_ids(self.family.architecture, name, value)
         return dict(self.layer(**{k: v for k, v in inputs.items() if v is not None}))
 
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -19,6 +19,8 @@ import numpy as np
 from .._checks import check_positive_int
 from ..hf.bert_weights import SentenceOptions, bert_sizes, layer_weights, load_checkpoint
 from ..layers import LayerNormalization, TransformerEncoderLayer
+from ._ids import poison
+from ._ids import token_ids as checked_ids
 
 __all__ = [
     "BertModel",
@@ -118,9 +120,11 @@ class _BertStack(keras.layers.Layer):
         block's output for every token, and which tokens are real (True)."""
         ops = keras.ops
         where = type(self).__name__
+        token_ids, valid = checked_ids(where, "token_ids", token_ids, self.vocab_size)
         if attention_mask is None:
             attention_mask = ops.ones_like(token_ids)
-        if len(token_ids.shape) != 2 or tuple(attention_mask.shape) != tuple(token_ids.shape):
+        attention_mask = ops.convert_to_tensor(attention_mask)
+        if tuple(attention_mask.shape) != tuple(token_ids.shape):
             raise ValueError(
                 f"{where}: `token_ids` and `attention_mask` must be (batch, seq) of one shape; received "
                 f"{tuple(token_ids.shape)} and {tuple(attention_mask.shape)}."
@@ -131,13 +135,19 @@ class _BertStack(keras.layers.Layer):
                 f"{where}: sequences may hold at most max_positions={self.max_positions} "
                 f"tokens; received token_ids of shape {tuple(token_ids.shape)}."
             )
-        token_ids = ops.cast(token_ids, "int32")
-        if token_type_ids is None:
-            token_type_ids = ops.zeros_like(token_ids)
+        types, type_valid = ops.zeros_like(token_ids), None
+        if token_type_ids is not None:
+            types, type_valid = checked_ids(where, "token_type_ids", token_type_ids,
+                                            self.type_vocab_size)  # fmt: skip
+            if tuple(types.shape) != tuple(token_ids.shape):
+                raise ValueError(
+                    f"{where}: `token_type_ids` must have the shape of `token_ids` "
+                    f"{tuple(token_ids.shape)}; received {tuple(types.shape)}."
+                )
         positions = ops.cumsum(ops.ones_like(token_ids), axis=1) - 1  # 0, 1, ... per row
         # BERT's order: (word + token type) + position.
-        x = self.word(token_ids) + self.token_type(ops.cast(token_type_ids, "int32"))
-        x = self.embedding_norm(x + self.position(positions))
+        x = self.word(token_ids) + self.token_type(types)
+        x = poison(poison(self.embedding_norm(x + self.position(positions)), valid), type_valid)
         keep = ops.not_equal(attention_mask, 0)  # (batch, seq), True = real token
         # (batch, 1, seq): padded keys are masked for every query, padded queries included
         # (as BERT). A (batch, seq) mask would become the blocks' Keras sequence mask and

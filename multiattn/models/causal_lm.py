@@ -28,6 +28,7 @@ from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnl
 from ..layers._base import call_sublayer
 from ..layers.decoder_only import DecoderBlockConfig, block_config
 from ..namespaces.keras import get_ops
+from ._ids import poison, token_ids
 from .bert import assign_weight
 
 __all__ = ["CausalLM", "CausalLMConfig"]
@@ -110,7 +111,9 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         **kwargs: ``keras.layers.Layer`` arguments (``name``, ``dtype``, ...).
 
     Call arguments:
-        input_ids: int ``(batch, seq)``, values in ``[0, vocab_size)``.
+        input_ids: int ``(batch, seq)``, values in ``[0, vocab_size)``: checked eagerly
+            (`ValueError` naming the value); inside a compiled function an id outside
+            gives NaN outputs (`multiattn.models._ids`), never another id's.
         attention_mask: ``(batch, seq)``, 1 / True = real token, 0 = padding (left
             padding for generation); default all ones.
 
@@ -183,27 +186,22 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         return {"logits": ops.linear(x, ops.cast(weight, x.dtype)), "last_hidden_state": x}
 
     def _ids_and_mask(self, input_ids, attention_mask):
+        """``(int32 ids, valid or None, int32 0/1 mask)`` (`multiattn.models._ids`)."""
         ops = keras.ops
-        ids = ops.convert_to_tensor(input_ids)
-        if len(ids.shape) != 2 or "int" not in str(ids.dtype):
-            raise ValueError(
-                f"CausalLM: `input_ids` must be an integer (batch, seq) array; received "
-                f"shape {tuple(ids.shape)} of {ids.dtype}."
-            )
-        ids = ops.cast(ids, "int32")
+        ids, valid = token_ids("CausalLM", "input_ids", input_ids, self.vocab_size)
         if attention_mask is None:
-            return ids, ops.ones_like(ids)
+            return ids, valid, ops.ones_like(ids)
         mask = ops.convert_to_tensor(attention_mask)
         if tuple(mask.shape) != tuple(ids.shape):
             raise ValueError(
                 f"CausalLM: `attention_mask` must have the shape of `input_ids` "
                 f"{tuple(ids.shape)}; received {tuple(mask.shape)}."
             )
-        return ids, ops.cast(ops.not_equal(mask, 0), "int32")
+        return ids, valid, ops.cast(ops.not_equal(mask, 0), "int32")
 
     def call(self, input_ids, attention_mask=None):
         ops = keras.ops
-        ids, mask = self._ids_and_mask(input_ids, attention_mask)
+        ids, valid, mask = self._ids_and_mask(input_ids, attention_mask)
         seq = ids.shape[1]
         if seq is not None and seq > self.max_positions:
             raise ValueError(
@@ -211,7 +209,7 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
                 f"(max_positions={self.max_positions})."
             )
         positions = ops.maximum(ops.cumsum(mask, axis=1) - 1, 0)
-        x = self._embed(ids, positions)
+        x = poison(self._embed(ids, positions), valid)
         keep = ops.expand_dims(ops.cast(mask, "bool"), 1)  # (batch, 1, keys)
         for block in self.blocks:
             x = block(x, mask=keep)

@@ -31,6 +31,7 @@ from ..decoding.generation import GenerationMixin, check_new_tokens, prompt_arra
 from ..layers import FeedForward, MultiHeadAttention, RMSNormalization
 from ..ops.activations import check_activation
 from ..ops.normalization import check_epsilon
+from ._ids import poison, token_ids
 from .bert import assign_weight
 from .causal_lm import step_ids, step_index
 
@@ -303,13 +304,8 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
         return logits, x
 
     def _ids(self, name, ids):
-        ids = keras.ops.convert_to_tensor(ids)
-        if len(ids.shape) != 2 or "int" not in str(ids.dtype):
-            raise ValueError(
-                f"T5ForConditionalGeneration: `{name}` must be an integer (batch, seq) array; "
-                f"received shape {tuple(ids.shape)} of {ids.dtype}."
-            )
-        return keras.ops.cast(ids, "int32")
+        """``(int32 ids, valid or None)`` (`multiattn.models._ids.token_ids`)."""
+        return token_ids("T5ForConditionalGeneration", name, ids, self.vocab_size)
 
     def _keys_mask(self, name, mask, ids):
         """``(batch, seq)`` 0/1 -> bool ``(batch, 1, 1, seq)`` (None: all ones)."""
@@ -326,9 +322,9 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
 
     def encode(self, input_ids, attention_mask=None):
         """The encoder: ``(states (batch, src, hidden_size), keys mask or None)``."""
-        ids = self._ids("input_ids", input_ids)
+        ids, valid = self._ids("input_ids", input_ids)
         keep = self._keys_mask("attention_mask", attention_mask, ids)
-        x = self._embed(ids)
+        x = poison(self._embed(ids), valid)
         length = ids.shape[1]
         bias = self._position_bias(keras.ops.arange(length), length, decoder=False)
         for block in self.encoder_blocks:
@@ -340,9 +336,9 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
         if decoder_input_ids is None:
             raise ValueError("T5ForConditionalGeneration: `decoder_input_ids` is required.")
         memory, memory_keep = self.encode(input_ids, attention_mask)
-        ids = self._ids("decoder_input_ids", decoder_input_ids)
+        ids, valid = self._ids("decoder_input_ids", decoder_input_ids)
         keep = self._keys_mask("decoder_attention_mask", decoder_attention_mask, ids)
-        x = self._embed(ids)
+        x = poison(self._embed(ids), valid)
         length = ids.shape[1]
         bias = self._position_bias(keras.ops.arange(length), length, decoder=True)
         for block in self.decoder_blocks:

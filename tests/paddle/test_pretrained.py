@@ -182,3 +182,19 @@ def test_paddle_models_decode_through_the_eager_strategy(tmp_path):
     np.testing.assert_array_equal(model.generate(ids, **args, do_sample=True, top_k=4, seed=9),
                                   sampled)  # fmt: skip
     assert sampled.shape == (2, 14) and sampled.dtype == np.int64
+
+
+@pytest.mark.parametrize("case", ["llama", "t5"])
+def test_paddle_model_calls_refuse_ids_outside_the_vocabulary(tmp_path, case):
+    build(CAUSAL["llama3"] if case == "llama" else T5, tmp_path / case)
+    model = from_pretrained(tmp_path / case, framework="paddle")
+    extra = {"decoder_input_ids": np.zeros((1, 2), np.int64)} if case == "t5" else {}
+    model(input_ids=np.array([[1, 2, 3]]), **extra)
+    for bad, named in [(np.array([[1, -1, 3]]), "received -1"),
+                       (paddle.to_tensor([[1, VOCAB]]), f"received {VOCAB}"),
+                       (np.array([[1, 2**32 + 5]]), "4294967301"),
+                       (np.array([[1.0, 2.0]]), "integer")]:  # fmt: skip
+        with pytest.raises(ValueError, match=named):
+            model(input_ids=bad, **extra)
+    with pytest.raises(ValueError, match=r"rows \[0\] hold none"):
+        model.generate(np.array([[1, 2]]), attention_mask=np.zeros((1, 2)), max_new_tokens=1)

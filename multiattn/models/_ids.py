@@ -1,0 +1,64 @@
+"""The token-id inputs of the models' calls: an integer ``(batch, seq)`` array whose
+values index a table of ``vocab`` rows.
+
+Eagerly the values are checked (`ValueError` naming the argument, the first bad value
+and the table size). Inside a compiled function (``jax.jit``, ``tf.function``, a Keras
+symbolic call) no value can be checked: there an id outside ``[0, vocab)``, int64 ids
+of 2**31 or more included, gives NaN states for its token (`poison`), never another
+row's embedding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from .._checks import concrete
+from ..namespaces.keras import get_ops
+
+__all__ = ["poison", "token_ids"]
+
+
+def token_ids(where: str, name: str, ids: Any, vocab: int) -> tuple[Any, Any]:
+    """``(ids as int32, valid)``: ``ids`` (NumPy, a nested list or a tensor, integer
+    ``(batch, seq)``) checked. ``valid`` is None when the values were checked, else a bool
+    ``(batch, seq)`` tensor of the ids inside ``[0, vocab)`` (the others read row 0; give
+    the states to `poison`).
+
+    Raises:
+        ValueError: not an integer ``(batch, seq)`` array; eagerly, a value outside
+            ``[0, vocab)`` (named with the value and ``vocab``).
+    """
+    raw = ids if hasattr(ids, "shape") and hasattr(ids, "dtype") else np.asarray(ids)
+    dtype = (getattr(raw.dtype, "name", None) or str(raw.dtype).rsplit(".", 1)[-1]).lower()
+    if len(raw.shape) != 2 or not dtype.startswith(("int", "uint")):
+        raise ValueError(
+            f"{where}: `{name}` must be an integer (batch, seq) array; received shape "
+            f"{tuple(raw.shape)} of {dtype}."
+        )
+    value = concrete(get_ops(raw, names=(name,), where=where), raw)
+    ops = keras.ops
+    if value is not None:
+        bad = value[(value < 0) | (value >= vocab)]
+        if bad.size:
+            raise ValueError(
+                f"{where}: `{name}` must hold token ids in [0, {vocab}) (vocab_size="
+                f"{vocab}); received {bad.flat[0]} (values in [{value.min()}, {value.max()}])."
+            )
+        return ops.cast(ops.convert_to_tensor(raw), "int32"), None  # in range: no wrap
+    tensor = ops.convert_to_tensor(raw)
+    valid = ops.logical_and(ops.greater_equal(tensor, 0), ops.less(tensor, vocab))
+    return ops.cast(ops.where(valid, tensor, 0), "int32"), valid
+
+
+def poison(x: Any, valid: Any) -> Any:
+    """``x`` ``(batch, seq, ...)`` with NaN at the tokens ``valid`` marks False (`token_ids`
+    of a compiled call); unchanged when ``valid`` is None."""
+    if valid is None:
+        return x
+    ops = keras.ops
+    for _ in range(len(x.shape) - 2):
+        valid = ops.expand_dims(valid, -1)
+    return ops.where(valid, x, ops.cast(float("nan"), x.dtype))

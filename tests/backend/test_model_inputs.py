@@ -1,0 +1,125 @@
+"""The model surfaces under bad input: token ids checked by every model call (eagerly
+refused, NaN inside a compiled function, never another id's row), prompts with a row of
+pads only, pad ids outside the vocabulary, an empty batch and a temperature that
+overflows. Tiny random models made by transformers, saved and loaded."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import pytest
+from _support import BACKEND, to_np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from multiattn.hf.pretrained import from_pretrained  # noqa: E402
+
+VOCAB = 40
+MODELS = {
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=24, max_position_embeddings=32)),
+    "t5": lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=VOCAB, d_model=16, d_kv=8, num_heads=2, num_layers=1, d_ff=24,
+        decoder_start_token_id=0)),
+    "bert": lambda: transformers.BertModel(transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=24, max_position_embeddings=32, type_vocab_size=2)),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    out = {}
+    for name, make in MODELS.items():
+        torch.manual_seed(0)
+        path = tmp_path_factory.mktemp(name)
+        make().save_pretrained(path)
+        out[name] = from_pretrained(path)
+    return out
+
+
+def _inputs(name, ids):
+    if name == "t5":
+        return {"input_ids": ids, "decoder_input_ids": np.zeros((1, 2), np.int64)}
+    return {"input_ids": ids}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (np.array([[1, -1, 3]]), "received -1"),  # would read the last row
+        (np.array([[1, VOCAB, 3]]), f"received {VOCAB}"),  # NaN on jax, an error elsewhere
+        (np.array([[1, 2**32 + 5, 3]]), "4294967301"),  # would wrap to id 5 in int32
+        (np.array([[1.0, 2.7, 3.0]]), "integer"),  # would be truncated
+    ],
+)
+def test_model_call_refuses_ids_outside_the_vocabulary(loaded, name, bad, named):
+    model = loaded[name]
+    model(**_inputs(name, np.array([[1, 2, 3]])))  # in range: fine
+    with pytest.raises(ValueError, match=named):
+        model(**_inputs(name, bad))
+
+
+def test_bert_refuses_token_types_outside_the_table(loaded):
+    model = loaded["bert"]
+    ids = np.array([[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"token_type_ids.*received 2"):
+        model(input_ids=ids, token_type_ids=np.array([[0, 1, 2]]))
+    with pytest.raises(ValueError, match=r"token_type_ids.*received -1"):
+        model(input_ids=ids, token_type_ids=np.array([[0, -1, 0]]))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="a compiled call: jax.jit")
+def test_compiled_call_gives_nan_for_an_id_outside_never_another_row(loaded):
+    import jax
+
+    layer = loaded["llama"].layer
+    logits = jax.jit(lambda ids: layer(ids)["logits"])
+    good = to_np(logits(np.array([[1, 2, 3]], np.int32)))
+    assert np.isfinite(good).all()
+    out = to_np(logits(np.array([[1, -1, 3]], np.int32)))
+    np.testing.assert_array_equal(out[0, 0], good[0, 0])  # before the bad token: as before
+    assert np.isnan(out[0, 1:]).all()  # the bad token and those that attend to it
+
+
+@pytest.mark.parametrize("name", ["llama", "t5"])
+def test_generate_refuses_a_row_of_pads_only(loaded, name):
+    ids = np.array([[1, 2, 3], [4, 5, 6]])
+    mask = np.array([[1, 1, 1], [0, 0, 0]])
+    with pytest.raises(ValueError, match=r"rows \[1\] hold none"):
+        loaded[name].generate(ids, attention_mask=mask, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("name", ["llama", "t5"])
+def test_generate_refuses_a_pad_id_outside_the_vocabulary(loaded, name):
+    ids = np.array([[1, 2, 3]])
+    with pytest.raises(ValueError, match="pad_token_id"):
+        loaded[name].generate(ids, max_new_tokens=2, eos_token_id=3, pad_token_id=VOCAB)
+    with pytest.raises(ValueError, match="pad_token_id"):
+        loaded[name].generate(ids, max_new_tokens=2, pad_token_id=10**6)
+
+
+def test_generate_refuses_an_empty_batch(loaded):
+    with pytest.raises(ValueError, match="batch and seq at least 1"):
+        loaded["llama"].generate(np.zeros((0, 3), np.int64), max_new_tokens=2)
+
+
+def test_sampling_refuses_a_temperature_that_overflows(loaded):
+    with pytest.raises(ValueError, match=r"overflow.*temperature"):
+        loaded["llama"].generate(np.array([[1, 2, 3]]), max_new_tokens=2, do_sample=True,
+                                 temperature=1e-320, seed=0)  # fmt: skip
+    tokens = loaded["llama"].generate(np.array([[1, 2, 3]]), max_new_tokens=2, do_sample=True,
+                                      temperature=np.float32(0.7), top_p=np.float32(0.9), seed=0)  # fmt: skip
+    assert tokens.shape == (1, 5)
+
+
+def test_keras_layer_ids_are_checked_too(loaded):
+    layer = loaded["llama"].layer
+    with pytest.raises(ValueError, match="received -1"):
+        layer(keras.ops.convert_to_tensor(np.array([[1, -1]], np.int32)))
