@@ -123,12 +123,24 @@ def _base_state(family: Family, state: dict, where: str) -> tuple[dict, list]:
     return dict(state), []
 
 
+def _check_finite(name: str, value: np.ndarray, where: str) -> None:
+    """A weight with a NaN or an infinity makes every output NaN (one in a query
+    projection reaches all logits): refused, naming the tensor and the first such entry."""
+    bad = ~np.isfinite(value)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{where}: tensor {name!r} holds {int(bad.sum())} non-finite value(s) (NaN or "
+            f"infinity), the first {value[first]!r} at index {first}."
+        )
+
+
 def check_state(family: Family, sizes: dict, state: dict, where: str) -> tuple[dict, list]:
     """Checks names and shapes; returns ``(neutral weights, ignored head tensors)``.
 
     Raises:
-        ValueError: a tensor is missing, unexpected, not floating or of the wrong shape
-            for this config (the tensor is named).
+        ValueError: a tensor is missing, unexpected, not floating, of the wrong shape
+            for this config or holding a NaN or an infinity (the tensor is named).
     """
     state, ignored = _base_state(family, state, where)
     has_pooler = "pooler.dense.weight" in state or "pooler.dense.bias" in state
@@ -151,6 +163,8 @@ def check_state(family: Family, sizes: dict, state: dict, where: str) -> tuple[d
             )
         if name not in buffers and value.dtype.kind != "f":
             raise ValueError(f"{where}: tensor {name!r} must be floating; received {value.dtype}.")
+        if name not in buffers:
+            _check_finite(name, value, where)
     if ignored:
         warnings.warn(
             f"{where}: left out {len(ignored)} task-head tensor(s) outside the base model "

@@ -123,3 +123,17 @@ def test_keras_layer_ids_are_checked_too(loaded):
     layer = loaded["llama"].layer
     with pytest.raises(ValueError, match="received -1"):
         layer(keras.ops.convert_to_tensor(np.array([[1, -1]], np.int32)))
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_from_pretrained_refuses_a_weight_that_is_not_finite(tmp_path, value):
+    from safetensors.numpy import load_file, save_file
+
+    torch.manual_seed(0)
+    MODELS["llama"]().save_pretrained(tmp_path)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    state = load_file(tmp_path / "model.safetensors")
+    state[name][3, 5] = value
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"tensor '{name}' holds 1 non-finite.*\(3, 5\)"):
+        from_pretrained(tmp_path)
