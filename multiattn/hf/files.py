@@ -11,8 +11,10 @@ into place, so an error leaves nothing half written.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -202,16 +204,27 @@ def write_folder(
 ) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (HF names) atomically.
 
-    The files are written into a temporary folder next to ``path``, which is then renamed
-    to ``path``. ``path`` must not exist, be an empty folder, or (``overwrite=True``) be a
-    folder, which is replaced only once the new one is complete.
+    The files are written into a temporary folder next to ``path`` (``.NAME.tmp-PID-*``),
+    which is then renamed to ``path``. ``path`` must not exist, be an empty folder, or
+    (``overwrite=True``) be a folder, which is replaced only once the new one is complete
+    (moved aside to ``.NAME.old-PID``, then removed). A symbolic link to a folder is
+    followed: the folder it names is replaced. Leftovers of saves whose process died
+    (killed mid-write) are removed by the next save to the same path.
 
     Raises:
-        ValueError: ``path`` exists and is not empty (without ``overwrite``), or is a file.
+        TypeError: ``path`` not a path, ``overwrite`` not a bool.
+        ValueError: ``path`` exists and is not empty (without ``overwrite``; also when
+            another process saved there meanwhile), is a file, or cannot be written (the
+            operating system's reason given).
     """
     from safetensors.numpy import save_file
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"save_pretrained: `path` must be a folder path; received {path!r}.")
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"save_pretrained: `overwrite` must be a bool; received {overwrite!r}.")
     target = Path(path)
+    target = target.resolve() if target.is_symlink() else target
     if target.exists() and not target.is_dir():
         raise ValueError(f"save_pretrained: `path` is a file; received {str(path)!r}.")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
@@ -224,29 +237,70 @@ def write_folder(
     config = {**config, "architectures": [family.architecture]}
     dtypes = {str(t.dtype) for t in tensors.values()}
     config["dtype"] = dtypes.pop() if len(dtypes) == 1 else config.get("dtype", "float32")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-",
+                                    dir=target.parent))  # fmt: skip
+    except OSError as err:
+        raise ValueError(
+            f"save_pretrained: cannot write {str(path)!r}: {err.strerror or err}."
+        ) from err
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})
-        _replace(tmp, target)
+        _replace(tmp, target, overwrite, str(path))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
 
 
-def _replace(tmp: Path, target: Path) -> None:
-    """Rename the finished ``tmp`` to ``target``; an old ``target`` is removed afterwards."""
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_leftovers(target: Path) -> list[Path]:
+    """Remove the temporary folders (``.NAME.tmp-PID-*``, ``.NAME.old-PID``) that saves
+    to ``target`` left when their process died mid-write; returns the removed paths.
+    Those of running processes (saving now) are kept."""
+    removed = []
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(?:tmp-(\d+)-.+|old-(\d+))$")
+    for entry in target.parent.iterdir() if target.parent.is_dir() else ():
+        match = pattern.match(entry.name)
+        if match and entry.is_dir() and not entry.is_symlink():
+            if not _alive(int(match.group(1) or match.group(2))):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+    return removed
+
+
+def _replace(tmp: Path, target: Path, overwrite: bool, given: str) -> None:
+    """Rename the finished ``tmp`` to ``target``. An old ``target`` is moved aside first
+    and removed afterwards only with ``overwrite``; without it the rename refuses a
+    folder that another save filled meanwhile (POSIX renames onto empty folders only)."""
     old = None
-    if target.exists():
+    if overwrite and target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         target.rename(old)
     try:
         tmp.rename(target)
-    except BaseException:
+    except OSError as err:
         if old is not None:
             old.rename(target)
-        raise
+        if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise ValueError(
+                f"save_pretrained: {given!r} was filled by another save while this one "
+                f"wrote; pass overwrite=True to replace it."
+            ) from err
+        raise ValueError(
+            f"save_pretrained: cannot write {given!r}: {err.strerror or err}."
+        ) from err
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

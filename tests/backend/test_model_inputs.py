@@ -137,3 +137,64 @@ def test_from_pretrained_refuses_a_weight_that_is_not_finite(tmp_path, value):
     save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=rf"tensor '{name}' holds 1 non-finite.*\(3, 5\)"):
         from_pretrained(tmp_path)
+
+
+def test_save_pretrained_refuses_bad_arguments_and_unwritable_paths(loaded, tmp_path):
+    model = loaded["llama"]
+    with pytest.raises(TypeError, match="overwrite"):
+        model.save_pretrained(tmp_path / "a", overwrite="no")  # a truthy string
+    with pytest.raises(TypeError, match="path"):
+        model.save_pretrained(None)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="cannot write"):
+        model.save_pretrained(tmp_path / "file" / "inside")
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "ro").mkdir(mode=0o500)
+        with pytest.raises(ValueError, match="cannot write"):
+            model.save_pretrained(tmp_path / "ro" / "m")
+
+
+def test_save_pretrained_follows_a_link_and_refuses_a_folder_filled_meanwhile(
+    loaded, tmp_path, monkeypatch
+):
+    from multiattn.hf import files
+
+    model = loaded["llama"]
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "stale.bin").write_text("old")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    model.save_pretrained(tmp_path / "link", overwrite=True)
+    assert (tmp_path / "link").is_symlink()
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+    ]
+    # another save fills the new folder between this save's check and its rename
+    rename = files._replace
+
+    def racing(tmp, target, overwrite, given):
+        target.mkdir()
+        (target / "config.json").write_text("{}")
+        rename(tmp, target, overwrite, given)
+
+    monkeypatch.setattr(files, "_replace", racing)
+    with pytest.raises(ValueError, match="filled by another save"):
+        model.save_pretrained(tmp_path / "new")
+    assert (tmp_path / "new" / "config.json").read_text() == "{}"  # the other save's, kept
+    assert not list(tmp_path.glob(".new.tmp-*"))
+
+
+def test_a_later_save_removes_the_leftovers_of_killed_saves(loaded, tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    pid = int(dead.stdout)
+    left = [tmp_path / f".m.tmp-{pid}-abc", tmp_path / f".m.old-{pid}"]
+    running = tmp_path / f".m.tmp-{os.getpid()}-xyz"  # a save of a live process: kept
+    for folder in (*left, running):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"0" * 10)
+    loaded["llama"].save_pretrained(tmp_path / "m")
+    assert not any(p.exists() for p in left) and running.exists()
