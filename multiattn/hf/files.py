@@ -45,9 +45,18 @@ class Loaded:
     ignored: list
 
 
+def _regular(path: Path, where: str) -> Path:
+    """``path`` if it is a regular file: a FIFO, a device or a socket named as a weights
+    file would block the read forever or stream without end."""
+    if not path.is_file():
+        raise ValueError(f"{where}: {path.name} must be a regular file; it is not.")
+    return path
+
+
 def _safetensors(path: Path, where: str) -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 
+    _regular(path, where)
     try:
         return load_file(path)
     except Exception as err:  # safetensors raises its own error types
@@ -86,6 +95,7 @@ def _pickle(path: Path, where: str, trust_pickle: bool) -> dict[str, np.ndarray]
         )
     import torch
 
+    _regular(path, where)
     try:  # even when trusted, only tensors are unpickled
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
@@ -145,6 +155,12 @@ def check_state(family: Family, sizes: dict, state: dict, where: str) -> tuple[d
             for this config or holding a NaN or an infinity (the tensor is named).
     """
     state, ignored = _base_state(family, state, where)
+    layers = sum(v for k, v in sizes.items() if k.startswith("num_") and k.endswith("layers"))
+    if layers > len(state):  # each block has tensors: checked before listing them
+        raise ValueError(
+            f"{where}: the config gives {layers} blocks but the weights hold only "
+            f"{len(state)} tensors."
+        )
     has_pooler = "pooler.dense.weight" in state or "pooler.dense.bias" in state
     entries = family.entries(sizes, pooler=has_pooler)
     buffers = family.buffers(sizes)

@@ -198,3 +198,28 @@ def test_a_later_save_removes_the_leftovers_of_killed_saves(loaded, tmp_path):
         (folder / "model.safetensors").write_bytes(b"0" * 10)
     loaded["llama"].save_pretrained(tmp_path / "m")
     assert not any(p.exists() for p in left) and running.exists()
+
+
+def test_from_pretrained_refuses_a_config_with_more_blocks_than_the_weights_hold(tmp_path):
+    import json
+
+    torch.manual_seed(0)
+    MODELS["llama"]().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**6}))
+    # refused from the counts, before the million blocks' tensors are listed
+    with pytest.raises(ValueError, match="1000000 blocks but the weights hold only"):
+        from_pretrained(tmp_path)
+
+
+def test_from_pretrained_refuses_a_shard_that_is_not_a_regular_file(tmp_path):
+    import json
+
+    torch.manual_seed(0)
+    MODELS["llama"]().save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    os.mkfifo(tmp_path / "shard.safetensors")  # reading it would block forever
+    index = {"weight_map": {"model.embed_tokens.weight": "shard.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"shard\.safetensors must be a regular file"):
+        from_pretrained(tmp_path)
