@@ -9,6 +9,7 @@ its prompt.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,16 @@ from .samplers import make_sampler
 from .stopping import make_stopping
 from .strategies import choose_strategy, model_backend
 
-__all__ = ["GenerationMixin", "check_lengths", "left_padded_prompt", "prompt_arrays"]
+__all__ = [
+    "GenerationMixin",
+    "available_memory",
+    "check_cache_size",
+    "check_lengths",
+    "left_padded_prompt",
+    "prompt_arrays",
+]
+
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 def _numpy(where: str, name: str, x: Any) -> np.ndarray:
@@ -104,6 +114,36 @@ def check_lengths(seq: int, max_new_tokens: Any, context: int) -> int:
     return new
 
 
+def available_memory() -> int | None:
+    """Bytes the operating system reports available (``MemAvailable`` of
+    ``/proc/meminfo``; else free pages by ``sysconf``); None where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_cache_size(values: int, dtype: str) -> None:
+    """Refuse, before anything is allocated, key/value caches of ``values`` entries of
+    ``dtype`` that would take more than the available memory (`available_memory`):
+    `ValueError` with the bytes they would take."""
+    nbytes = values * _ITEMSIZE.get(str(dtype), 4)
+    available = available_memory()
+    if available is not None and nbytes > available:
+        raise ValueError(
+            f"generate: the key/value caches would take {nbytes:,} bytes "
+            f"({nbytes / 2**30:.1f} GiB), more than the {available:,} bytes available; "
+            "lower max_new_tokens or the batch."
+        )
+
+
 class GenerationMixin:
     """``generate`` for a model with ``vocab_size``, ``step``, ``init_caches`` and
     ``variables`` and three methods of its own: ``_decoding_inputs(input_ids,
@@ -158,8 +198,10 @@ class GenerationMixin:
 
         Raises:
             ValueError: a prompt longer than the context, ``max_new_tokens`` past it, ids
-                out of the vocabulary, a mask that is not left padding, bad options, a
-                strategy that cannot run on this backend or with this sampler.
+                out of the vocabulary, a mask that is not left padding or with a row of
+                pads only, key/value caches larger than the memory the system reports
+                available (`check_cache_size`, before anything is allocated), bad
+                options, a strategy that cannot run on this backend or with this sampler.
             TypeError: an option of the wrong type (named).
         """
         ids, mask, new = self._decoding_inputs(input_ids, attention_mask, max_new_tokens)

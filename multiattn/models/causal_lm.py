@@ -23,7 +23,12 @@ import keras
 import numpy as np
 
 from .._checks import check_positive_int
-from ..decoding.generation import GenerationMixin, check_lengths, left_padded_prompt
+from ..decoding.generation import (
+    GenerationMixin,
+    check_cache_size,
+    check_lengths,
+    left_padded_prompt,
+)
 from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnlyLayer
 from ..layers._base import call_sublayer
 from ..layers.decoder_only import DecoderBlockConfig, block_config
@@ -238,7 +243,12 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         """``(ids, mask, new)``: the left-padded prompt as int64 ``(batch, seq)``, its
         mask as int64 0/1 and the number of new tokens, checked against the context."""
         ids, mask = left_padded_prompt(input_ids, attention_mask, self.vocab_size)
-        return ids, mask, check_lengths(ids.shape[1], max_new_tokens, self.max_positions)
+        new = check_lengths(ids.shape[1], max_new_tokens, self.max_positions)
+        block = self.config.block
+        per_slot = 2 * (block.num_key_value_heads or block.num_heads) * block.key_dim
+        slots = ids.shape[0] * (ids.shape[1] + new) * self.num_layers
+        check_cache_size(slots * per_slot, self.compute_dtype)
+        return ids, mask, new
 
     def _prefill(self, ids, mask, new, step) -> tuple:
         """The prompt through ``step`` (`step`'s signature; the strategy's: eager, or

@@ -27,7 +27,12 @@ import numpy as np
 
 from .._checks import check_positive_int, check_relative_buckets, describe
 from ..decoding._checks import check_int
-from ..decoding.generation import GenerationMixin, check_new_tokens, prompt_arrays
+from ..decoding.generation import (
+    GenerationMixin,
+    check_cache_size,
+    check_new_tokens,
+    prompt_arrays,
+)
 from ..layers import FeedForward, MultiHeadAttention, RMSNormalization
 from ..ops.activations import check_activation
 from ..ops.normalization import check_epsilon
@@ -380,7 +385,11 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
         """``(ids, mask, new)``: the encoder's prompt as int64 ``(batch, seq)`` (any
         padding pattern), its int64 0/1 mask and the number of new decoder tokens."""
         ids, mask = prompt_arrays(input_ids, attention_mask, self.vocab_size)
-        return ids, mask, check_new_tokens(max_new_tokens)
+        new = check_new_tokens(max_new_tokens)
+        c = self.config  # self-attention caches of new slots, cross-attention of the prompt
+        per_slot = 2 * c.num_heads * c.head_dim * c.num_decoder_layers
+        check_cache_size(ids.shape[0] * (new + ids.shape[1]) * per_slot, self.compute_dtype)
+        return ids, mask, new
 
     def _prefill(self, ids, mask, new, step) -> tuple:
         """Encode once, project the cross-attention keys/values once, then feed

@@ -223,3 +223,26 @@ def test_from_pretrained_refuses_a_shard_that_is_not_a_regular_file(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(ValueError, match=r"shard\.safetensors must be a regular file"):
         from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["llama", "t5"])
+def test_generate_refuses_caches_larger_than_the_available_memory(loaded, name, tmp_path):
+    import json
+
+    from multiattn.decoding.generation import available_memory
+
+    available = available_memory()
+    assert available is not None
+    # both tiny models cache 2 x 2 heads x 8 floats (128 bytes) per token and layer:
+    # twice the available memory's worth of tokens
+    new = 2 * available // 128 + 1
+    model = loaded[name]
+    if name == "llama":  # a context that long passes every other check
+        torch.manual_seed(0)
+        MODELS["llama"]().save_pretrained(tmp_path)
+        raw = json.loads((tmp_path / "config.json").read_text())
+        raw["max_position_embeddings"] = new + 3
+        (tmp_path / "config.json").write_text(json.dumps(raw))
+        model = from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"caches would take [\d,]+ bytes"):
+        model.generate(np.array([[1, 2, 3]]), max_new_tokens=new)
