@@ -275,6 +275,10 @@ def check_model(args: argparse.Namespace) -> dict:
             case["want"] = transformers_reference(args.model, config, inputs, args.tokens)
             report["reference"] = "transformers, float64"
         except ImportError:
+            print("conformance --model: transformers is not installed (pip install "
+                  "'multiattn[hf]'); the reference is multiattn on NumPy in float64, so the "
+                  "frameworks are checked against each other, not against transformers.",
+                  file=sys.stderr, flush=True)  # fmt: skip
             ref = Path(tmp) / "reference"
             jobs = _jobs([case], ref)
             result, case["want"] = _run_worker("numpy", jobs, "float64", args.timeout, ref)["model"]
@@ -408,7 +412,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--timeout must be a positive number of seconds; received {args.timeout}")
     if not args.model.is_dir():
         parser.error(f"--model {args.model}: not a folder")
+    if args.json is not None and not os.access(args.json.parent.resolve(), os.W_OK):
+        parser.error(f"--json {args.json}: its folder does not exist or is not writable")
     args.frameworks = frameworks
+    from multiattn.hf.files import read_folder
+
+    try:  # multiattn's own checks first: transformers opens whatever the folder names
+        read_folder(args.model)
+    except (ValueError, TypeError) as err:
+        print(f"conformance --model: {err}", file=sys.stderr)
+        return 2
     report = check_model(args)
     _print(report)
     if args.json is not None:

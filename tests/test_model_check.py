@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,19 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
     assert proc.returncode != 0 and "no config.json" in proc.stderr
 
 
+def test_hostile_folders_and_unwritable_reports_are_refused_before_any_run(bert_folder, tmp_path):
+    folder = tmp_path / "hostile"
+    shutil.copytree(bert_folder, folder)
+    (folder / "model.safetensors").unlink()
+    index = {"weight_map": {"embeddings.word_embeddings.weight": "../../../../../etc/passwd"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    proc = _cli("--model", str(folder), "--frameworks", "numpy")
+    assert proc.returncode == 2 and "outside the model folder" in proc.stderr
+    assert "Traceback" not in proc.stderr  # multiattn's check ran before transformers'
+    proc = _cli("--model", str(bert_folder), "--json", str(tmp_path / "no" / "such" / "r.json"))
+    assert proc.returncode == 2 and "--json" in proc.stderr
+
+
 def test_jobs_a_worker_did_not_finish_are_reported_and_finished_ones_kept(tmp_path):
     inputs = {"input_ids": np.zeros((1, 3), np.int64)}
     jobs = mc._jobs([{"name": n, "model": tmp_path, "inputs": inputs, "tokens": 0}
@@ -124,7 +138,7 @@ def test_a_worker_reports_each_job_whether_it_ran_or_failed(bert_folder, tmp_pat
     assert ran["empty"][0]["status"] == "error" and ran["empty"][1] == {}
 
 
-def test_without_transformers_the_reference_is_numpy_in_float64(bert_folder, monkeypatch):
+def test_without_transformers_the_reference_is_numpy_in_float64(bert_folder, monkeypatch, capsys):
     def missing(*args, **kwargs):
         raise ImportError("no transformers")
 
@@ -133,6 +147,8 @@ def test_without_transformers_the_reference_is_numpy_in_float64(bert_folder, mon
     args.frameworks = ["numpy"]
     report = mc.check_model(args)
     assert report["reference"] == "multiattn on NumPy, float64"
+    said = capsys.readouterr().err.splitlines()[0]  # said first, not only in the table title
+    assert "transformers is not installed" in said and "multiattn[hf]" in said
     res = report["frameworks"]["numpy"]
     assert res["status"] == "ran" and res["agree"], res
     # float32 against float64 of the same definition: rounding apart, not equal
