@@ -31,18 +31,24 @@ __all__ = ["Loaded", "check_state", "read_folder", "read_state", "write_folder"]
 SAFETENSORS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 PICKLE = "pytorch_model.bin"
+#: JSON files of a folder that carry over unchanged from `read_folder` to `write_folder`
+#: (``save_pretrained``, ``multiattn port``): decoding defaults transformers' ``generate``
+#: reads.
+SIDE_FILES = ("generation_config.json",)
 
 
 @dataclass
 class Loaded:
     """What `read_folder` found: the family, the raw config, its sizes, neutral weights
-    (``float`` arrays in the checkpoint's dtype) and the task-head tensors left out."""
+    (``float`` arrays in the checkpoint's dtype), the task-head tensors left out and the
+    `SIDE_FILES` present (file name -> JSON object)."""
 
     family: Family
     config: dict
     sizes: dict
     weights: dict
     ignored: list
+    side_files: dict
 
 
 def _regular(path: Path, where: str) -> Path:
@@ -207,7 +213,17 @@ def read_folder(path: str | Path, trust_pickle: bool = False) -> Loaded:
     family = family_of(config, where)
     sizes = family.check_config(config, where)
     weights, ignored = check_state(family, sizes, read_state(folder, trust_pickle), where)
-    return Loaded(family, config, sizes, weights, ignored)
+    return Loaded(family, config, sizes, weights, ignored, read_side_files(folder, where))
+
+
+def read_side_files(folder: Path, where: str) -> dict[str, dict]:
+    """The `SIDE_FILES` of ``folder`` that exist (each a JSON object, else `ValueError`)."""
+    out = {}
+    for name in SIDE_FILES:
+        path = _inside(folder, name, where)
+        if path.exists():
+            out[name] = _read_json(_regular(path, where), where, dict)
+    return out
 
 
 def write_folder(
@@ -217,8 +233,10 @@ def write_folder(
     config: dict,
     weights: dict[str, np.ndarray],
     overwrite: bool = False,
+    side_files: dict[str, dict] | None = None,
 ) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (HF names) atomically.
+    """Write ``config.json``, ``model.safetensors`` (HF names) and the `SIDE_FILES` in
+    ``side_files`` (name -> JSON object) atomically.
 
     The files are written into a temporary folder next to ``path`` (``.NAME.tmp-PID-*``),
     which is then renamed to ``path``. ``path`` must not exist, be an empty folder, or
@@ -265,6 +283,10 @@ def write_folder(
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})
+        for name, value in (side_files or {}).items():
+            if name not in SIDE_FILES:
+                raise ValueError(f"save_pretrained: {name!r} is not one of {SIDE_FILES}.")
+            (tmp / name).write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
         _replace(tmp, target, overwrite, str(path))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

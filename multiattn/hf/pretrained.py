@@ -56,9 +56,11 @@ class PretrainedModel:
         ignored_tensors: task-head tensors of the checkpoint outside the base model.
     """
 
-    def __init__(self, family: Family, config: dict, sizes: dict, layer: Any, ignored=()):
+    def __init__(self, family: Family, config: dict, sizes: dict, layer: Any, ignored=(),
+                 side_files: dict | None = None):  # fmt: skip
         self.family, self.config, self.sizes, self.layer = family, config, sizes, layer
         self.ignored_tensors = list(ignored)
+        self.side_files = dict(side_files or {})  # generation_config.json, written back
 
     @property
     def dtype(self) -> str:
@@ -124,7 +126,8 @@ class PretrainedModel:
         ``overwrite=True``. Returns ``path``.
         """
         weights = self.layer.neutral_weights()
-        return write_folder(path, self.family, self.sizes, self.config, weights, overwrite)
+        return write_folder(path, self.family, self.sizes, self.config, weights, overwrite,
+                            self.side_files)  # fmt: skip
 
 
 class PretrainedCausalLM(PretrainedModel):
@@ -216,4 +219,5 @@ def from_pretrained(
     if framework == "paddle":
         layer.eval()  # inference, as on Keras; `model.layer.train()` to fine-tune
     model_class = PretrainedCausalLM if hasattr(layer, "generate") else PretrainedModel
-    return model_class(loaded.family, loaded.config, loaded.sizes, layer, loaded.ignored)
+    return model_class(loaded.family, loaded.config, loaded.sizes, layer, loaded.ignored,
+                       loaded.side_files)  # fmt: skip

@@ -33,7 +33,9 @@ MODEL_KIND = "model"
 
 
 def _read(src: Path, fmt: str, trust_pickle: bool) -> tuple:
-    """``(family, config, sizes, neutral weights)`` of a folder or a neutral model file."""
+    """``(family, config, sizes, neutral weights, side files)`` of a folder or a neutral
+    model file (the side files, such as ``generation_config.json``, ride in the file's
+    metadata)."""
     from ..hf.families import family_of, to_hf
     from ..hf.files import check_state, read_folder
 
@@ -42,7 +44,7 @@ def _read(src: Path, fmt: str, trust_pickle: bool) -> tuple:
             loaded = read_folder(src, trust_pickle=trust_pickle)
         except (ValueError, TypeError) as err:
             raise PortError(str(err)) from err
-        return loaded.family, loaded.config, loaded.sizes, loaded.weights
+        return loaded.family, loaded.config, loaded.sizes, loaded.weights, loaded.side_files
     from safetensors import safe_open
 
     try:
@@ -58,6 +60,7 @@ def _read(src: Path, fmt: str, trust_pickle: bool) -> tuple:
             f"{meta.get('multiattn.kind', 'no multiattn.kind')!r}."
         )
     config = json.loads(meta["multiattn.config"])
+    side_files = json.loads(meta.get("multiattn.side_files", "{}"))
     where = f"multiattn port {src}"
     try:
         family = family_of(config, where)
@@ -69,14 +72,15 @@ def _read(src: Path, fmt: str, trust_pickle: bool) -> tuple:
         check_state(family, sizes, to_hf(entries, weights), where)
     except (ValueError, KeyError) as err:
         raise PortError(str(err)) from err
-    return family, config, sizes, weights
+    return family, config, sizes, weights, side_files
 
 
-def _write_file(dst: Path, config: dict, weights: dict[str, np.ndarray]) -> None:
+def _write_file(dst: Path, config: dict, weights: dict[str, np.ndarray], side_files: dict) -> None:
     from safetensors.numpy import save_file
 
     meta = {"multiattn.kind": MODEL_KIND, "multiattn.config": json.dumps(config, sort_keys=True),
-            "multiattn.model_type": str(config.get("model_type"))}  # fmt: skip
+            "multiattn.model_type": str(config.get("model_type")),
+            "multiattn.side_files": json.dumps(side_files, sort_keys=True)}  # fmt: skip
     fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
     os.close(fd)
     try:
@@ -103,10 +107,11 @@ def convert_model(
         )
     if src_fmt == "hf" and not src.is_dir():
         raise PortError(f"{src}: --from hf takes a model folder.")
-    family, config, sizes, weights = _read(src, src_fmt, trust_pickle)
+    family, config, sizes, weights, side_files = _read(src, src_fmt, trust_pickle)
     if dst_fmt == "hf":
         try:
-            write_folder(dst, family, sizes, config, weights, overwrite=force)
+            write_folder(dst, family, sizes, config, weights, overwrite=force,
+                         side_files=side_files)  # fmt: skip
         except ValueError as err:
             raise PortError(str(err)) from err
     else:
@@ -114,5 +119,5 @@ def convert_model(
             raise PortError(f"{dst}: is a directory; give a file name.")
         if dst.exists() and not force:
             raise PortError(f"{dst} exists; pass --force to replace it.")
-        _write_file(dst, config, weights)
+        _write_file(dst, config, weights, side_files)
     return {"model_type": family.model_type, "tensors": len(weights), "weights": weights}

@@ -246,3 +246,27 @@ def test_generate_refuses_caches_larger_than_the_available_memory(loaded, name, 
         model = from_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"caches would take [\d,]+ bytes"):
         model.generate(np.array([[1, 2, 3]]), max_new_tokens=new)
+
+
+def test_generation_config_carries_over_through_save_and_port(tmp_path):
+    import json
+    from pathlib import Path
+
+    from multiattn.port.models import convert_model
+
+    torch.manual_seed(0)
+    hf = MODELS["llama"]()
+    hf.generation_config.max_new_tokens = 7  # a decoding default a user set
+    hf.save_pretrained(tmp_path / "src")
+    want = json.loads((tmp_path / "src" / "generation_config.json").read_text())
+    assert want["max_new_tokens"] == 7
+    from_pretrained(tmp_path / "src").save_pretrained(tmp_path / "saved")
+    convert_model(tmp_path / "src", tmp_path / "ported", "hf", "hf", False, False)
+    neutral = tmp_path / "model.safetensors"
+    convert_model(tmp_path / "src", neutral, "hf", "safetensors", False, False)
+    convert_model(neutral, tmp_path / "back", "safetensors", "hf", False, False)
+    for folder in ("saved", "ported", "back"):
+        got = json.loads(Path(tmp_path / folder / "generation_config.json").read_text())
+        assert got == want, folder
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back")
+    assert again.generation_config.max_new_tokens == 7
