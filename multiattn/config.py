@@ -224,7 +224,7 @@ def settings(
             True (the measuring tuner: the first call of each shape class times the
             candidates, later calls take the faster, `multiattn.tuning`), or a
             `multiattn.tuning.Fixed` giving them (the slices of the batch, the backward
-            pass, blockwise or direct, PyTorch's projection library). None (the
+            pass, PyTorch's projection library). None (the
             default) means the process-wide value: ``MULTIATTN_AUTOTUNE`` (``1``/``0``,
             read once), else False. Decisions already timed in the process, or read by
             `multiattn.tuning.load_decisions`, apply with False too.

@@ -21,14 +21,12 @@ from multiattn.namespaces import contract as _contract
 from multiattn.ops import blockwise
 from multiattn.ops import plan as plan_module
 from multiattn.ops.plan import (
-    BLOCKWISE_MIN_BYTES,
     AttentionPlan,
     AttentionSpec,
     Capabilities,
     largest_divisor,
     plan_attention,
     wants_backward_timing,
-    wants_blockwise_timing,
     wants_chunks,
     wants_timing,
 )
@@ -595,60 +593,12 @@ def test_blocks_cover_the_sequences_and_respect_the_budget(s):
     assert _score_bytes(s, bq, bk) <= max(share, smallest)
 
 
-# --- the blockwise path within the budget ----------------------------------------------
-
-#: scores of 1 * 8 * 1024 * 1024 float32: 32 MiB, timed against the blockwise path
-LARGE = dict(batch=1, heads=8, kv_heads=8, queries=1024, keys=1024, key_width=64, value_width=64)
-
-
-def test_the_large_spec_is_at_the_timing_threshold():
-    assert 8 * 1024 * 1024 * 4 == BLOCKWISE_MIN_BYTES
-
-
-@pytest.mark.parametrize("traced", [False, True])
-def test_a_faster_blockwise_path_takes_the_budgets_blocks(traced):
-    """blockwise_faster (measured, or settings(blockwise_attention=True)) takes the
-    blockwise path within the budget, with the blocks the budget gives over it."""
-    got = plan(**LARGE, blockwise_faster=True, traced=traced)
-    want = blockwise.choose_blocks(
-        8, 1024, 1024, 4, GIB, blockwise.MAX_QUERY_BLOCKS if traced else None
-    )
-    assert got.path == "blockwise" and got.blocks == want
-    assert plan(**LARGE, blockwise_faster=False, traced=traced).blocks is None
-    assert plan(**LARGE, traced=traced).blocks is None
-
-
-def test_a_faster_blockwise_path_wins_over_a_streaming_kernel():
-    """Forced (settings(blockwise_attention=True)), it is taken even where torch's
-    kernel streams; unforced, the streaming kernel is never timed against it."""
-    assert plan(**LARGE, capabilities=STREAMS).path == "fused"
-    assert plan(**LARGE, capabilities=STREAMS, blockwise_faster=True).path == "blockwise"
-    assert not wants_blockwise_timing(spec(**LARGE, capabilities=STREAMS, traced=True))
-
-
-def test_weights_dropout_and_unknown_lengths_never_go_blockwise():
-    for kw in ({"weights": True}, {"dropout": True}, {"queries": None}, {"keys": None}):
-        assert plan(**{**LARGE, **kw}, blockwise_faster=True).path != "blockwise", kw
-
-
-def test_scores_over_the_budget_go_blockwise_whatever_the_measurement():
-    assert plan(**LARGE, memory_budget=16 << 20, blockwise_faster=False).path == "blockwise"
-
-
-def test_blockwise_timing_is_wanted_only_where_it_decides():
-    assert wants_blockwise_timing(spec(**LARGE, traced=True))
-    assert wants_blockwise_timing(spec(**LARGE, traced=True, causal=True, mask=True))
-    not_wanted = [
-        {"traced": False},  # eager: only over the budget
-        {"blockwise_faster": False},  # decided (or forced)
-        {"blockwise_faster": True},
-        {"weights": True},
-        {"dropout": True},
-        {"block_size": (64, 64)},  # forced blocks
-        {"queries": 512},  # 16 MiB: one block
-        {"memory_budget": 16 << 20},  # over the budget: blockwise anyway
-        {"batch": None},  # unknown size
-        {"keys": None},
-    ]
-    for kw in not_wanted:
-        assert not wants_blockwise_timing(spec(**{**LARGE, "traced": True, **kw})), kw
+def test_within_the_budget_the_direct_path_runs_traced_or_not():
+    """Blockwise or direct is decided by the budget and a forced block size alone: no
+    spec field (and so no tuner) takes the blockwise path for scores that fit."""
+    large = dict(batch=1, heads=8, kv_heads=8, queries=1024, keys=1024, key_width=64)
+    for traced in (False, True):
+        assert plan(**large, value_width=64, traced=traced).blocks is None
+        over = plan(**large, value_width=64, traced=traced, memory_budget=16 << 20)
+        assert over.path == "blockwise"
+    assert "blockwise_faster" not in {f.name for f in dataclasses.fields(AttentionSpec)}

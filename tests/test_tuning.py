@@ -362,9 +362,6 @@ def test_attention_backward_margin_protects_autodiff_except_on_tensorflow(
         ({"attention_backward": "manual"}, ValueError, "attention_backward"),
         ({"attention_backward": True}, ValueError, "attention_backward"),
         ({"attention_backward": ""}, ValueError, "attention_backward"),
-        ({"blockwise": "yes"}, TypeError, "blockwise"),
-        ({"blockwise": 1}, TypeError, "blockwise"),
-        ({"blockwise": 0}, TypeError, "blockwise"),
         ({"torch_linear": "mkl"}, ValueError, "torch_linear"),
         ({"torch_linear": True}, ValueError, "torch_linear"),
     ],
@@ -375,14 +372,14 @@ def test_fixed_refuses_a_bad_choice_naming_it(kw, error, name):
 
 
 def test_fixed_takes_each_choice_and_is_a_tuner_of_settings():
-    given = tuning.Fixed(
-        attention_chunks=4, attention_backward="recompute", blockwise=False, torch_linear="blas"
-    )
+    given = tuning.Fixed(attention_chunks=4, attention_backward="recompute", torch_linear="blas")
     assert (given.attention_chunks, given.attention_backward) == (4, "recompute")
-    assert (given.blockwise, given.torch_linear) == (False, "blas")
+    assert given.torch_linear == "blas"
     for backward in ("autodiff", "recompute", "saved"):
         tuning.Fixed(attention_backward=backward)
-    assert tuning.Fixed() == tuning.Fixed(None, None, None, None)
+    assert tuning.Fixed() == tuning.Fixed(None, None, None)
+    with pytest.raises(TypeError, match="blockwise"):  # not a choice: block_size forces it
+        tuning.Fixed(blockwise=True)
     assert hash(tuning.Fixed(attention_chunks=2)) == hash(tuning.Fixed(attention_chunks=2))
     with pytest.raises(AttributeError):  # frozen: a key of the kept steps
         given.attention_chunks = 8
@@ -426,17 +423,15 @@ def test_fixed_attention_gives_its_choices_and_the_static_defaults_elsewhere(mon
     monkeypatch.setattr(plan, "glibc", lambda: True)
     cpu = _Ops("cpu")
     # given: taken as they are (the plan takes the largest divisor of the batch)
-    got = tuning.Fixed(attention_chunks=2, attention_backward="saved", blockwise=True).attention(
-        cpu, _spec(), None, None, None, False, None
+    got = tuning.Fixed(attention_chunks=2, attention_backward="saved").attention(
+        cpu, _spec(), None, None, None, False
     )
-    assert (got.chunks, got.backward, got.blockwise_faster) == (2, "saved", True)
+    assert (got.chunks, got.backward) == (2, "saved")
     # nothing given: 8 * 8 * 512 * 512 * 4 bytes = 64 MiB of scores under XLA:CPU, in
     # 4 slices of 16 MiB; nothing else decided
-    got = tuning.Fixed().attention(cpu, _spec(), None, None, None, False, None)
-    assert (got.chunks, got.backward, got.blockwise_faster, got.fused_faster) == (
-        4, None, None, None
-    )  # fmt: skip
-    got = tuning.Fixed().attention(_Ops(None), _spec(), None, None, None, False, None)
+    got = tuning.Fixed().attention(cpu, _spec(), None, None, None, False)
+    assert (got.chunks, got.backward, got.fused_faster) == (4, None, None)
+    got = tuning.Fixed().attention(_Ops(None), _spec(), None, None, None, False)
     assert got.chunks == 1  # not compiled by XLA: one piece
-    got = tuning.Fixed().attention(cpu, _spec(traced=False), None, None, None, False, None)
+    got = tuning.Fixed().attention(cpu, _spec(traced=False), None, None, None, False)
     assert got.chunks is None  # eager: the slices are not the plan's to choose

@@ -32,7 +32,6 @@ head) and for the blockwise path.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, NamedTuple
 
@@ -171,7 +170,7 @@ def attend(
         kv_heads_first,
     )  # fmt: skip
     spec = dataclasses.replace(spec, bias=bias is not None)
-    spec = _choices(ops, spec, (query, key, value), kv_heads_first, scale, causal)
+    spec = _choices(ops, spec, (query, key, value), kv_heads_first)
     how = plan.plan_attention(spec)
     sizes = tuple(
         s if s is not None else ops.shape(t)[axis]
@@ -382,7 +381,7 @@ def _poison_rows(
 
 
 def _choices(
-    ops: Any, spec: plan.AttentionSpec, qkv: tuple, kv_heads_first: bool, scale: Any, causal: bool
+    ops: Any, spec: plan.AttentionSpec, qkv: tuple, kv_heads_first: bool
 ) -> plan.AttentionSpec:
     """``spec`` with the choices that are not static facts: ``settings(fused_attention=)``
     forces the fused kernel or the explicit path; the tuner in force
@@ -394,19 +393,15 @@ def _choices(
         spec = dataclasses.replace(spec, fused_faster=forced)
     tuner = config.tuner()
     if tuner is not None:
-        run = functools.partial(
-            _planned_unmasked, ops, scale=scale, causal=causal, kv_heads_first=kv_heads_first
-        )
-        fns = plan.AttentionCandidates(_explicit_unmasked, _own_backward_unmasked, run)
-        return tuner.attention(ops, spec, *qkv, kv_heads_first, fns)
+        return tuner.attention(ops, spec, *qkv, kv_heads_first)
     return plan.with_default_chunks(spec, ops.xla_device(qkv[0]))
 
 
-def _explicit_unmasked(
+def explicit_unmasked(
     ops: Any, query: Any, key: Any, value: Any, scale: float, kv_heads_first: bool = False
 ) -> Any:
-    """The explicit path without a mask (the candidate `tuning` times against the fused
-    kernel)."""
+    """The explicit path without a mask: the candidate `multiattn.tuning` times against
+    the fused kernel and over slices of the batch."""
     return _explicit_attention(
         ops, query, key, value, None, scale, 0.0, False, None, False, None, None, kv_heads_first
     )[0]
@@ -417,42 +412,6 @@ class _Dropout(NamedTuple):
 
     rate: float
     seed: Any
-
-
-def _planned_unmasked(
-    ops: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    scale: float,
-    causal: bool,
-    kv_heads_first: bool,
-    blockwise: bool,
-) -> Any:
-    """`attend` without a mask other than ``causal``, on the blockwise path or only over
-    the budget (a candidate of `multiattn.tuning.blockwise_attention_pays`), its other
-    choices those of the tuner in force."""
-    with config.settings(autotune=_GivenBlockwise(config.tuner(), blockwise)):
-        return attend(ops, q, k, v, causal=causal, scale=scale, kv_heads_first=kv_heads_first)
-
-
-@dataclasses.dataclass(frozen=True)
-class _GivenBlockwise:
-    """The tuner ``inner`` (`multiattn.config.tuner`), with blockwise or direct given."""
-
-    inner: Any
-    blockwise: bool
-
-    def attention(self, ops: Any, spec: plan.AttentionSpec, *args: Any) -> plan.AttentionSpec:
-        spec = dataclasses.replace(spec, blockwise_faster=self.blockwise)
-        return self.inner.attention(ops, spec, *args) if self.inner is not None else spec
-
-    def linear(self, *args: Any) -> Any:
-        return self.inner.linear(*args) if self.inner is not None else None
-
-    def batch_slices(self, *args: Any) -> int:
-        return self.inner.batch_slices(*args) if self.inner is not None else 1
 
 
 def _own_backward(
@@ -477,7 +436,7 @@ def _own_backward(
     )
 
 
-def _own_backward_unmasked(
+def own_backward_unmasked(
     ops: Any, query: Any, key: Any, value: Any, scale: float, chunks: int,
     kv_heads_first: bool, backward: str,
 ) -> Any:  # fmt: skip

@@ -136,7 +136,6 @@ def plan_blocks(
     traced: bool = False,
     where: str = "attention",
     budget: int | None = None,
-    within_budget: bool = False,
 ) -> tuple[int, int] | None:
     """The blocks to compute attention with, or None for the direct path.
 
@@ -148,8 +147,6 @@ def plan_blocks(
         traced: the computation is being traced (``jax.jit``, ``tf.function``): the
             number of query blocks is limited to `MAX_QUERY_BLOCKS`.
         budget: the memory budget in bytes; None: that of `multiattn.config`.
-        within_budget: take the blocks the budget gives even where the scores fit it
-            (the blockwise path measured faster there, or forced); static lengths only.
     """
     b, h, tq, tk = shape
     static = tq is not None and tk is not None and tq > 0 and tk > 0
@@ -165,7 +162,7 @@ def plan_blocks(
     batch_heads = (b or 1) * (h or 1)
     if budget is None:
         budget = get_attention_memory_budget()
-    if not within_budget and batch_heads * tq * tk * itemsize <= budget:
+    if batch_heads * tq * tk * itemsize <= budget:
         return None
     return choose_blocks(
         batch_heads, tq, tk, itemsize, budget, MAX_QUERY_BLOCKS if traced else None

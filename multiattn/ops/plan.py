@@ -14,10 +14,10 @@ defaults here, unless the tuner in force (`multiattn.config.tuner`) fills them i
 the fused kernel is faster than the explicit path (``fused_faster``, where `wants_timing`;
 default: the namespace's ``fused_attention_pays``), how many slices of the batch the
 explicit path runs in (``chunks``, where `wants_chunks`; default: `default_chunks`, a
-static rule), how it is differentiated (``backward``, where `wants_backward_timing`;
-default: automatically) and whether the blockwise path is taken for scores that fit the
-memory budget (``blockwise_faster``, where `wants_blockwise_timing`; default: no).
-`multiattn.tuning` measures them; this module never imports it.
+static rule) and how it is differentiated (``backward``, where `wants_backward_timing`;
+default: automatically). Blockwise or direct is not among them: the memory budget and a
+forced block size decide it. `multiattn.tuning` measures them; this module never
+imports it.
 """
 
 from __future__ import annotations
@@ -25,19 +25,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from .._checks import HALF_DTYPES
-from .blockwise import PREFERRED_BLOCK_BYTES, plan_blocks
+from .blockwise import plan_blocks
 
 __all__ = [
     "BACKWARDS",
-    "BLOCKWISE_MIN_BYTES",
     "MMAP_THRESHOLD_MAX",
     "SLICE_SCORE_BYTES",
-    "AttentionCandidates",
     "AttentionPlan",
     "AttentionSpec",
     "Backward",
@@ -47,7 +44,6 @@ __all__ = [
     "largest_divisor",
     "plan_attention",
     "wants_backward_timing",
-    "wants_blockwise_timing",
     "wants_chunks",
     "wants_timing",
     "with_default_chunks",
@@ -75,10 +71,6 @@ Backward = Literal["autodiff", "recompute", "saved"]
 BACKWARDS = ("autodiff", "recompute", "saved")
 
 _PATHS = ("fused", "explicit", "blockwise")
-#: Score matrices within the memory budget and at least this large (two blocks of
-#: `multiattn.ops.blockwise.PREFERRED_BLOCK_BYTES`) are timed on the direct and the
-#: blockwise path (`wants_blockwise_timing`); a smaller one would be a single block.
-BLOCKWISE_MIN_BYTES = 2 * PREFERRED_BLOCK_BYTES
 
 
 def _check_size(name: str, value: Any) -> None:
@@ -141,10 +133,6 @@ class AttentionSpec:
     None: one piece.
     ``backward``: how the explicit path is differentiated, one of `BACKWARDS`
     (a tuner's); None: not decided (automatic).
-    ``blockwise_faster``: whether the blockwise path beat the direct one on this machine
-    for scores within the memory budget (a tuner's): True takes the blockwise path
-    wherever the call allows it (static lengths, no weights or dropout), False only over
-    the budget; None: not decided (only over the budget).
 
     A key/value head count that does not divide the query heads is refused here
     (``ValueError``), so no spec describes one.
@@ -171,7 +159,6 @@ class AttentionSpec:
     fused_faster: bool | None = None
     chunks: int | None = None
     backward: Backward | None = None
-    blockwise_faster: bool | None = None
 
     def __post_init__(self) -> None:
         _check_size("chunks", self.chunks)
@@ -318,7 +305,7 @@ def _streams(spec: AttentionSpec) -> bool:
     ``settings(fused_attention=False)`` gives a streaming kernel: it is not timed)."""
     if spec.block_size is not None or spec.needs_matrix or spec.mask:
         return False
-    if spec.fused_faster is False or spec.blockwise_faster:
+    if spec.fused_faster is False:
         return False
     if not spec.capabilities.fused_attention_streams or not _eligible(spec):
         return False
@@ -332,13 +319,9 @@ def _itemsize(spec: AttentionSpec) -> int:
     return 8 if spec.compute_dtype == "float64" else 4
 
 
-def _static_lengths(spec: AttentionSpec) -> bool:
-    return bool(spec.queries) and bool(spec.keys)  # known and above 0
-
-
 def _blocks(spec: AttentionSpec) -> tuple[int, int] | None:
-    """The blockwise path's blocks, or None for a direct path: forced blocks, scores
-    over the budget, or (``blockwise_faster``) the blocks the budget would give."""
+    """The blockwise path's blocks, or None for a direct path: forced blocks, or scores
+    over the budget."""
     if spec.needs_matrix or _streams(spec):
         return None
     return plan_blocks(
@@ -347,7 +330,6 @@ def _blocks(spec: AttentionSpec) -> tuple[int, int] | None:
         spec.block_size,
         traced=spec.traced,
         budget=spec.memory_budget,
-        within_budget=bool(spec.blockwise_faster),
     )
 
 
@@ -357,24 +339,6 @@ def wants_timing(spec: AttentionSpec) -> bool:
     return (
         _eligible(spec) and not spec.needs_matrix and not _streams(spec) and _blocks(spec) is None
     )
-
-
-def wants_blockwise_timing(spec: AttentionSpec) -> bool:
-    """Whether the blockwise path is to be timed against the direct one
-    (`multiattn.tuning.blockwise_attention_pays`): not decided (``blockwise_faster``
-    None), the call is compiled (``traced``: eager calls take the blockwise path only
-    over the budget, each of its blocks a separate call into the framework), its sizes
-    are known, no weights or dropout are wanted, no block size is forced, the scores fit
-    the budget but take at least `BLOCKWISE_MIN_BYTES`, and the fused kernel does not
-    stream (it is linear in memory already)."""
-    if spec.blockwise_faster is not None or not spec.traced or spec.needs_matrix:
-        return False
-    if spec.block_size is not None or not _static_lengths(spec) or _streams(spec):
-        return False
-    if None in (spec.batch, spec.heads):
-        return False
-    scores = spec.batch * spec.heads * spec.queries * spec.keys * _itemsize(spec)
-    return BLOCKWISE_MIN_BYTES <= scores <= spec.memory_budget
 
 
 def wants_chunks(spec: AttentionSpec) -> bool:
@@ -445,19 +409,6 @@ def default_chunks(spec: AttentionSpec, xla_device: str | None) -> int:
     counts = [c for c in (2, 4, 8, 16) if c <= b and b % c == 0]
     fitting = [c for c in counts if scores // c <= SLICE_SCORE_BYTES]
     return fitting[0] if fitting else max(counts, default=1)
-
-
-class AttentionCandidates(NamedTuple):
-    """The core's functions a tuner times for an attention call
-    (`multiattn.tuning.Measured.attention`): ``explicit(ops, q, k, v, scale,
-    kv_heads_first)``, the explicit path without a mask; ``own(ops, q, k, v, scale,
-    chunks, kv_heads_first, backward)``, the same with its own backward pass;
-    ``run(q, k, v, blockwise)``, the call's attention on the direct or the blockwise
-    path."""
-
-    explicit: Callable[..., Any]
-    own: Callable[..., Any]
-    run: Callable[..., Any]
 
 
 def with_default_chunks(spec: AttentionSpec, xla_device: str | None) -> AttentionSpec:

@@ -19,31 +19,26 @@ The choices (each, when nothing is timed, its default):
   (`attention_chunks`; default: `multiattn.ops.plan.default_chunks`);
 * ``attention-backward``: automatic differentiation of the explicit path or its own
   backward pass (`attention_backward`; default: automatic differentiation);
-* ``attention-blockwise``: blockwise or direct for compiled calls whose scores fit the
-  memory budget (`blockwise_attention_pays`; default: direct);
 * ``torch-linear``: a projection's product on PyTorch CPU in float32, oneDNN's linear
   operator or PyTorch's BLAS (`multiattn.tuning.torch_linear`; default: BLAS);
 * ``paddle-batch-slices``: the slices the Paddle document layers run in
   (`multiattn.backends.paddle`; default: one piece).
 
-How a decision is timed (`decide`): each candidate runs twice untimed, then `REPEATS`
-interleaved rounds take a sample of each (as many calls as last `MIN_SAMPLE_S`); the
-lower median wins, for the layers' choices only by more than `MARGIN` over the default.
-Nothing is timed while a compiler traces the caller on PyTorch (``torch.compile``,
-``torch.jit.trace``); under ``jax.jit`` and ``tf.function`` the candidates are compiled
+Blockwise or direct attention is not one: the memory budget and a forced block size
+decide it. How a decision is timed is `decide`'s: interleaved rounds, the lower median,
+for the layers' choices only by more than `MARGIN` over the default; nothing while a
+compiler traces the caller on PyTorch; under ``jax.jit`` and ``tf.function`` compiled
 the same way and timed at trace time outside the trace, so the program holds only the
-winner. Candidates compute the same result, so results agree to the dtype's rounding.
+winner.
 """
 
 from __future__ import annotations
 
 from ._store import (
     MARGIN,
-    MAX_CALLS,
     MIN_SAMPLE_S,
     REPEATS,
     UNTUNED,
-    Decision,
     bucket,
     decide,
     decisions,
@@ -54,18 +49,16 @@ from ._store import (
     reset,
     save_decisions,
 )
-from ._timing import FLOP_CAP, torch_is_tracing
 from .attention import (
     ATTENTION_FLOP_CAP,
     CHUNK_MIN_BYTES,
     attention_backward,
     attention_chunks,
     backward_margin,
-    blockwise_attention_pays,
     fused_attention_pays,
 )
 from .choices import Fixed, Measured
-from .cpu import ISA_FLAGS, cpu_info, parse_cpuinfo
+from .cpu import cpu_info, parse_cpuinfo
 
 #: The tuner of ``settings(autotune=True)`` (`multiattn.config.tuner`).
 MEASURED = Measured()
@@ -73,21 +66,16 @@ MEASURED = Measured()
 __all__ = [
     "ATTENTION_FLOP_CAP",
     "CHUNK_MIN_BYTES",
-    "FLOP_CAP",
-    "ISA_FLAGS",
     "MARGIN",
-    "MAX_CALLS",
     "MEASURED",
     "MIN_SAMPLE_S",
     "REPEATS",
     "UNTUNED",
-    "Decision",
     "Fixed",
     "Measured",
     "attention_backward",
     "attention_chunks",
     "backward_margin",
-    "blockwise_attention_pays",
     "bucket",
     "cpu_info",
     "decide",
@@ -100,5 +88,4 @@ __all__ = [
     "parse_cpuinfo",
     "reset",
     "save_decisions",
-    "torch_is_tracing",
 ]

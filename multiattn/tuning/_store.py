@@ -4,7 +4,7 @@
 lock, so however many threads call, the timing runs once), keeps the faster and returns
 its name; `decisions` lists what was decided, `save_decisions` / `load_decisions` write
 and read them (a JSON file recording the CPU they were measured on), `reset` forgets them.
-Imports no framework.
+A decision is kept as the dict `decisions` lists. Imports no framework.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import math
 import os
 import pathlib
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from .. import config
@@ -27,13 +27,10 @@ from .cpu import cpu_info
 #: decides.
 REPEATS = 5
 
-
 #: Seconds one sample lasts at least (short calls are repeated, up to `MAX_CALLS` times).
 MIN_SAMPLE_S = 5e-4
 
-
 MAX_CALLS = 64
-
 
 #: How much faster than the fallback (the framework's own operation, one piece) another
 #: candidate of the layers' choices must be to be chosen (see `decide`): what a candidate
@@ -41,56 +38,35 @@ MAX_CALLS = 64
 #: process.
 MARGIN = 0.05
 
+#: About the most floating-point operations one timed call performs (rows are cut to fit).
+FLOP_CAP = 1 << 28
 
 #: Why a choice took its default: timing was not asked for (`multiattn.config.settings`
 #: ``autotune``).
 UNTUNED = "autotune off"
 
+_FILE_FORMAT = "multiattn-decisions-1"
 
 _clock = time.perf_counter
 
-
 _LOCK = threading.RLock()
 
+#: (op, shape class as JSON) -> a measured or loaded decision: later calls take it
+_DECISIONS: dict[tuple[str, str], dict[str, Any]] = {}
 
-_DECISIONS: dict[tuple, Decision] = {}
+#: the same for a default or a fallback taken where nothing was timed: a later call that
+#: can time still measures
+_FALLBACKS: dict[tuple[str, str], dict[str, Any]] = {}
 
 
-_FALLBACKS: dict[tuple, Decision] = {}
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One kernel choice for one shape class.
-
-    ``how`` is ``"measured"`` (``median_ms`` holds each candidate's median, ``timed`` the
-    inputs it was timed on), ``"default"`` (timing was not asked for: `UNTUNED`) or
-    ``"fallback"`` (nothing could be timed, ``reason`` says why); after the last two, a
-    later call that times still measures.
-    """
-
-    op: str
-    shape_class: tuple[tuple[str, Any], ...]
-    choice: str
-    how: str
-    median_ms: dict[str, float] = field(default_factory=dict)
-    timed: str = ""
-    reason: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "op": self.op,
-            "shape_class": dict(self.shape_class),
-            "choice": self.choice,
-            "how": self.how,
-            "median_ms": dict(self.median_ms),
-            "timed": self.timed,
-            "reason": self.reason,
-        }
-
-    def describe(self) -> str:
-        """One line (`describe_decision`)."""
-        return describe_decision(self.as_dict())
+def _decision(op: str, cls: Mapping[str, Any], choice: str, how: str, **rest: Any) -> dict:
+    """One decision as `decisions` lists it. ``how``: ``"measured"`` (``median_ms`` holds
+    each candidate's median, ``timed`` the inputs it was timed on), ``"loaded"``,
+    ``"default"`` (timing was not asked for: `UNTUNED`) or ``"fallback"`` (nothing could
+    be timed; ``reason`` says why)."""
+    return dict(
+        op=op, shape_class=dict(cls), choice=choice, how=how, median_ms={}, timed="", reason="",
+    ) | rest  # fmt: skip
 
 
 def describe_decision(decision: Mapping[str, Any]) -> str:
@@ -102,6 +78,18 @@ def describe_decision(decision: Mapping[str, Any]) -> str:
         return f"{head} ({decision['how']}: {decision['reason']})"
     times = ", ".join(f"{k} {v:.3g} ms" for k, v in decision["median_ms"].items())
     return f"{head} (median {times}; timed on {decision['timed']})"
+
+
+def torch_is_tracing() -> bool:
+    """True while ``torch.compile`` (dynamo), ``torch.export`` or ``torch.jit`` traces the
+    caller: nothing may be timed then (the timing code would be traced)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
+        return True
+    return bool(torch.jit.is_tracing() or torch.jit.is_scripting())
 
 
 def bucket(n: int) -> int:
@@ -138,43 +126,41 @@ def decide(
             that run asynchronously); None: the call returns when the work is done.
         margin: the ``fallback`` candidate, if it ran, keeps the class unless another's
             median is lower than its own by more than this fraction (`MARGIN` for the
-            layers' choices: what a candidate costs beyond its timed forward call, its
-            backward pass or its buffers in a larger program, is not timed, and a tie
-            went either way from process to process).
+            layers' choices).
         prefer: candidates in order of preference among those that tie: where the
             fallback does not keep the class, the first of ``prefer`` whose median is
             within ``margin`` of the lowest is taken instead of the fastest.
 
     A candidate that raises drops out; if all do, ``fallback`` is taken and recorded.
     """
-    key = (op, tuple(shape_class.items()))
+    key = (op, json.dumps(shape_class, default=str))
     found = _DECISIONS.get(key)
     if found is not None:
-        return found.choice
+        return found["choice"]
     untuned = not config.get_autotune()
     if untuned or not measurable:
         how, why = ("default", UNTUNED) if untuned else ("fallback", reason)
         with _LOCK:
-            if key not in _DECISIONS and key not in _FALLBACKS:
-                _FALLBACKS[key] = Decision(op, key[1], fallback, how, reason=why)
+            if key not in _DECISIONS:
+                _FALLBACKS.setdefault(key, _decision(op, shape_class, fallback, how, reason=why))
         return fallback
     with _LOCK:
         found = _DECISIONS.get(key)
-        if found is not None:
-            return found.choice
-        fns, timed = candidates()
-        samples, errors = _measure(dict(fns), REPEATS, sync)
-        medians = {name: statistics.median(ts) * 1e3 for name, ts in samples.items() if ts}
-        if medians:
-            choice = _fastest(medians, fallback, margin, prefer)
-            decision = Decision(op, key[1], choice, "measured", medians, timed)
-        else:
-            why = "; ".join(f"{k}: {v}" for k, v in errors.items()) or "no candidate ran"
-            decision = Decision(op, key[1], fallback, "fallback", timed=timed, reason=why)
-        with _LOCK:
-            decision = _DECISIONS.setdefault(key, decision)
+        if found is None:
+            fns, timed = candidates()
+            samples, errors = _measure(dict(fns), REPEATS, sync)
+            medians = {name: statistics.median(ts) * 1e3 for name, ts in samples.items() if ts}
+            if medians:
+                choice = _fastest(medians, fallback, margin, prefer)
+                found = _decision(
+                    op, shape_class, choice, "measured", median_ms=medians, timed=timed
+                )
+            else:
+                why = "; ".join(f"{k}: {v}" for k, v in errors.items()) or "no candidate ran"
+                found = _decision(op, shape_class, fallback, "fallback", timed=timed, reason=why)
+            _DECISIONS[key] = found
             _FALLBACKS.pop(key, None)
-        return decision.choice
+    return found["choice"]
 
 
 def _fastest(
@@ -231,12 +217,15 @@ def _measure(
 
 
 def decisions() -> list[dict[str, Any]]:
-    """The kernel choices of this process: measured ones, then fallbacks taken where
-    nothing could be timed (as dicts: ``op``, ``shape_class``, ``choice``, ``how``,
-    ``median_ms``, ``timed``, ``reason``)."""
+    """The kernel choices of this process: measured and loaded ones, then the defaults
+    and fallbacks taken where nothing was timed (as dicts: ``op``, ``shape_class``,
+    ``choice``, ``how``, ``median_ms``, ``timed``, ``reason``)."""
     with _LOCK:
-        found = list(_DECISIONS.values()) + list(_FALLBACKS.values())
-    return [d.as_dict() for d in found]
+        found = [*_DECISIONS.values(), *_FALLBACKS.values()]
+    return [
+        {**d, "shape_class": dict(d["shape_class"]), "median_ms": dict(d["median_ms"])}
+        for d in found
+    ]
 
 
 def has_decisions() -> bool:
@@ -255,7 +244,7 @@ def save_decisions(path: str | os.PathLike) -> int:
     back), with the CPU they were measured on (`cpu_info`'s ``model``, ``isa`` and
     ``cores``); returns how many were written. ``multiattn tune`` makes such a file."""
     with _LOCK:
-        found = [d.as_dict() for d in _DECISIONS.values()]
+        found = list(_DECISIONS.values())
     text = json.dumps({"format": _FILE_FORMAT, "cpu": _this_cpu(), "decisions": found}, indent=1)
     pathlib.Path(path).write_text(text + "\n")
     return len(found)
@@ -282,25 +271,20 @@ def load_decisions(path: str | os.PathLike, *, any_cpu: bool = False) -> int:
             f"load_decisions: {str(path)!r} was measured on {data.get('cpu')!r}, not on "
             f"this CPU ({here!r}); pass any_cpu=True to take its choices anyway."
         )
-    loaded = [_decision_of(d) for d in data["decisions"]]
-    with _LOCK:
-        for d in loaded:
-            _DECISIONS[(d.op, d.shape_class)] = d
-            _FALLBACKS.pop((d.op, d.shape_class), None)
-    return len(loaded)
 
-
-def _decision_of(d: Mapping[str, Any]) -> Decision:
-    """A `Decision` from its `Decision.as_dict` read back from JSON (lists as tuples)."""
-
-    def frozen(v: Any) -> Any:
+    def frozen(v: Any) -> Any:  # JSON's lists back to the tuples of the shape class
         return tuple(frozen(x) for x in v) if isinstance(v, list) else v
 
-    cls = tuple((k, frozen(v)) for k, v in d["shape_class"].items())
-    return Decision(d["op"], cls, d["choice"], "loaded", dict(d["median_ms"]), d["timed"])
-
-
-_FILE_FORMAT = "multiattn-decisions-1"
+    with _LOCK:
+        for d in data["decisions"]:
+            cls = {k: frozen(v) for k, v in d["shape_class"].items()}
+            key = (d["op"], json.dumps(cls, default=str))
+            medians, timed = dict(d["median_ms"]), d["timed"]
+            _DECISIONS[key] = _decision(
+                d["op"], cls, d["choice"], "loaded", median_ms=medians, timed=timed
+            )
+            _FALLBACKS.pop(key, None)
+    return len(data["decisions"])
 
 
 def _this_cpu() -> dict[str, Any]:

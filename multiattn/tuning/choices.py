@@ -6,10 +6,9 @@ their static defaults; the attention planner (`multiattn.ops.attention`), PyTorc
 projections (`multiattn.namespaces.keras`) and the Paddle document layers ask it through that
 one function, and never import this package. Its three methods:
 
-* ``attention(ops, spec, query, key, value, kv_heads_first, candidates)``: the
+* ``attention(ops, spec, query, key, value, kv_heads_first)``: the
   `multiattn.ops.plan.AttentionSpec` with its choices filled in (``fused_faster``,
-  ``chunks``, ``backward``, ``blockwise_faster``); ``candidates`` holds the core's
-  functions that are timed (`multiattn.ops.plan.AttentionCandidates`);
+  ``chunks``, ``backward``);
 * ``linear(a, b, bias)``: ``a (N, K) @ b (K, M) (+ bias (M,))`` for PyTorch CPU
   tensors in float32, or None for PyTorch's own product (the default);
 * ``batch_slices(cls, candidates, counts, measurable, why)``: the slices of the batch
@@ -23,14 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..ops import plan
-from ._store import MARGIN, decide
-from ._timing import torch_is_tracing
-from .attention import (
-    attention_backward,
-    attention_chunks,
-    blockwise_attention_pays,
-    fused_attention_pays,
-)
+from ..ops.attention import explicit_unmasked, own_backward_unmasked
+from ._store import MARGIN, decide, torch_is_tracing
+from .attention import attention_backward, attention_chunks, fused_attention_pays
 
 __all__ = ["Fixed", "Measured"]
 
@@ -40,28 +34,24 @@ class Measured:
     on the running machine, once per shape class (`multiattn.tuning.decide`); decisions
     loaded by `multiattn.tuning.load_decisions` are used as if timed here."""
 
-    def attention(self, ops, spec, query, key, value, kv_heads_first, candidates):
-        """`fused_attention_pays`, `attention_chunks`, `attention_backward` and
-        `blockwise_attention_pays`, each where the plan depends on it
-        (`multiattn.ops.plan.wants_timing` and the like)."""
+    def attention(self, ops, spec, query, key, value, kv_heads_first):
+        """`fused_attention_pays`, `attention_chunks` and `attention_backward`, each where
+        the plan depends on it (`multiattn.ops.plan.wants_timing` and the like), on the
+        core's explicit path without a mask and its own backward pass."""
         qkv = (query, key, value)
-        c = candidates
         if spec.fused_faster is None and plan.wants_timing(spec):
-            faster = fused_attention_pays(ops, *qkv, c.explicit, kv_heads_first)
+            faster = fused_attention_pays(ops, *qkv, explicit_unmasked, kv_heads_first)
             spec = dataclasses.replace(spec, fused_faster=faster)
         if plan.wants_chunks(spec):
             default = plan.default_chunks(spec, ops.xla_device(query))
-            chunks = attention_chunks(ops, *qkv, c.explicit, kv_heads_first, default)
+            chunks = attention_chunks(ops, *qkv, explicit_unmasked, kv_heads_first, default)
             spec = dataclasses.replace(spec, chunks=chunks)
         if plan.wants_backward_timing(spec):
             chunks = plan.plan_attention(spec).chunks
-            backward = attention_backward(ops, *qkv, c.explicit, c.own, chunks, kv_heads_first)
-            spec = dataclasses.replace(spec, backward=backward)
-        if plan.wants_blockwise_timing(spec):
-            faster = blockwise_attention_pays(
-                ops, *qkv, c.run, spec.effective_causal, kv_heads_first
+            backward = attention_backward(
+                ops, *qkv, explicit_unmasked, own_backward_unmasked, chunks, kv_heads_first
             )
-            spec = dataclasses.replace(spec, blockwise_faster=faster)
+            spec = dataclasses.replace(spec, backward=backward)
         return spec
 
     def linear(self, a: Any, b: Any, bias: Any) -> Any:
@@ -101,17 +91,15 @@ class Fixed:
             Paddle document layers' slices.
         attention_backward: how the explicit path is differentiated, one of
             `multiattn.ops.plan.BACKWARDS` (``"autodiff"``, ``"recompute"``, ``"saved"``).
-        blockwise: True takes the blockwise path wherever the call allows it (static
-            lengths, no weights or dropout), with the blocks the memory budget gives;
-            False only over the budget (the default).
         torch_linear: ``"onednn"`` runs PyTorch CPU float32 projections on oneDNN's linear
             operator (where PyTorch has it), ``"blas"`` on PyTorch's own product (the
             default).
+
+    The blockwise path is not a choice here: ``settings(block_size=...)`` forces it.
     """
 
     attention_chunks: int | None = None
     attention_backward: str | None = None
-    blockwise: bool | None = None
     torch_linear: str | None = None
 
     def __post_init__(self) -> None:
@@ -123,23 +111,15 @@ class Fixed:
                 f"Fixed: `attention_backward` must be one of {plan.BACKWARDS} or None; "
                 f"received {self.attention_backward!r}."
             )
-        if self.blockwise is not None and not isinstance(self.blockwise, bool):
-            raise TypeError(
-                f"Fixed: `blockwise` must be True, False or None; received {self.blockwise!r}."
-            )
         if self.torch_linear not in (None, "onednn", "blas"):
             raise ValueError(
                 f"Fixed: `torch_linear` must be 'onednn', 'blas' or None; received "
                 f"{self.torch_linear!r}."
             )
 
-    def attention(self, ops, spec, query, key, value, kv_heads_first, candidates):
+    def attention(self, ops, spec, query, key, value, kv_heads_first):
         """The spec with the choices given here; the slices' static default where none."""
-        given = {
-            "chunks": self.attention_chunks,
-            "backward": self.attention_backward,
-            "blockwise_faster": self.blockwise,
-        }
+        given = {"chunks": self.attention_chunks, "backward": self.attention_backward}
         spec = dataclasses.replace(spec, **{k: v for k, v in given.items() if v is not None})
         return plan.with_default_chunks(spec, ops.xla_device(query))
 

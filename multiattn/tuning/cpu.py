@@ -16,29 +16,10 @@ from typing import Any
 #: those that decide which kernels a BLAS, oneDNN or XLA can use (x86 vector and matrix
 #: extensions, Arm's SIMD and scalable vectors).
 ISA_FLAGS = (
-    "sse4_2",
-    "avx",
-    "avx2",
-    "fma",
-    "f16c",
-    "avx_vnni",
-    "avx512f",
-    "avx512dq",
-    "avx512bw",
-    "avx512vl",
-    "avx512_vnni",
-    "avx512_bf16",
-    "avx512_fp16",
-    "amx_tile",
-    "amx_bf16",
-    "amx_int8",
-    "amx_fp16",
-    "asimd",
-    "asimdhp",
-    "bf16",
-    "i8mm",
-    "sve",
-    "sve2",
+    *("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni"),
+    *("avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16"),
+    *("amx_tile", "amx_bf16", "amx_int8", "amx_fp16"),
+    *("asimd", "asimdhp", "bf16", "i8mm", "sve", "sve2"),
 )
 
 
@@ -63,11 +44,7 @@ def parse_cpuinfo(text: str) -> dict[str, Any]:
         elif flags is None and name in ("flags", "features"):
             flags = set(value.split())
     found = flags or set()
-    return {
-        "model": model,
-        "flags": sorted(found),
-        "isa": [f for f in ISA_FLAGS if f in found],
-    }
+    return {"model": model, "flags": sorted(found), "isa": [f for f in ISA_FLAGS if f in found]}
 
 
 @functools.cache
@@ -76,9 +53,8 @@ def _proc_cpuinfo() -> dict[str, Any]:
         with open("/proc/cpuinfo") as fh:
             info = parse_cpuinfo(fh.read())
     except OSError:
-        info = {"model": "", "flags": [], "isa": []}
+        info = parse_cpuinfo("")
     info["model"] = info["model"] or platform.processor() or platform.machine()
-    info["source"] = "/proc/cpuinfo" if info["flags"] else "platform"
     return info
 
 

@@ -1,44 +1,33 @@
-"""Dense projections on PyTorch CPU: oneDNN or BLAS, chosen by measurement (internal).
+"""Dense projections on PyTorch CPU: oneDNN or BLAS, given or measured (internal).
 
 PyTorch sends float32 CPU matrix products to its BLAS (MKL in the official wheels) and
 also ships oneDNN, whose linear operator is a second implementation of the same product.
-Which one is faster depends on the CPU: on an AMD EPYC with AVX-512 oneDNN ran ``(4096,
-512) @ (512, 512)`` at about twice MKL's rate, on an AVX2-only CPU it was the slower of
-the two (measured: docs/benchmarks.md, 'Measurements behind the defaults'). This module
-runs ``a @ b + bias`` as a differentiable product whose backward pass is made of the
-same product (so gradients of every order exist), each of its products (forward, input
-gradient, weight gradient) on oneDNN or on BLAS:
-
-* forced oneDNN (``measure=False``): every product on oneDNN
-  (``multiattn.tuning.Fixed(torch_linear="onednn")``);
-* measured (``measure=True``): each product on the library `route` measured faster for its
-  shape class (under autotune).
-
-Imported by `multiattn.tuning.choices` (and the benchmark) on the torch backend, never by
-the default path; it imports torch.
+Which one is faster depends on the CPU: on an AMD EPYC with AVX-512 oneDNN ran about
+twice MKL's rate, on an AVX2-only CPU it was the slower of the two (measured:
+docs/benchmarks.md, 'Measurements behind the defaults'). `matmul_bias` runs ``a @ b +
+bias`` as a differentiable product whose backward pass is made of the same product (so
+gradients of every order exist), each of its products (forward, input gradient, weight
+gradient) on oneDNN (``Fixed(torch_linear="onednn")``) or, under autotune, on the library
+`route` measured faster for its shape class. Imported by `multiattn.tuning.choices` (and
+the benchmark) on the torch backend, never by the default path; it imports torch.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
-from ._store import bucket, decide
-from ._timing import FLOP_CAP, torch_is_tracing
+from ._store import FLOP_CAP, bucket, decide, torch_is_tracing
 
 __all__ = ["available", "blas", "matmul_bias", "onednn", "route"]
 
 
-def _operator() -> Any:
-    mkldnn = getattr(torch.ops, "mkldnn", None)
-    try:
-        return getattr(mkldnn, "_linear_pointwise", None) if mkldnn is not None else None
-    except (AttributeError, RuntimeError):  # not built with oneDNN
-        return None
-
-
-_LINEAR = _operator() if torch.backends.mkldnn.is_available() else None
+try:  # PyTorch's oneDNN linear operator; None where this build has no oneDNN
+    _LINEAR = torch.ops.mkldnn._linear_pointwise if torch.backends.mkldnn.is_available() else None
+except (AttributeError, RuntimeError):
+    _LINEAR = None
 
 
 def available() -> bool:
@@ -108,24 +97,12 @@ def route(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str:
         x = _random(rows, k, layouts[0], gen).to(a.dtype)
         w = _random(k, m, layouts[1], gen).to(a.dtype)
         c = None if bias is None else torch.randn(m, generator=gen).to(a.dtype)
-
-        def run(fn: Any) -> Any:
-            def call() -> torch.Tensor:
-                with torch.no_grad():
-                    return fn(x, w, c)
-
-            return call
-
-        fns = {name: run(fn) for name, fn in _ROUTES.items()}
+        fns = {name: functools.partial(fn, x, w, c) for name, fn in _ROUTES.items()}
         return fns, f"({rows}, {k}) @ ({k}, {m})" + (" + bias" if c is not None else "")
 
+    why = "torch.compile or torch.jit traces the call" if tracing else ""
     return decide(
-        "torch-linear",
-        cls,
-        candidates,
-        fallback="blas",
-        measurable=not tracing,
-        reason="torch.compile or torch.jit traces the call" if tracing else "",
+        "torch-linear", cls, candidates, fallback="blas", measurable=not tracing, reason=why
     )
 
 
@@ -176,9 +153,8 @@ def matmul_bias(
     every product (forward and backward) on oneDNN; ``True``: each on the library `route`
     measured faster for its shape class. While ``torch.jit.trace`` records the call,
     every product is BLAS's (oneDNN's operator cannot be recorded). Where nothing needs
-    a gradient (``no_grad``,
-    inference) the product runs without the autograd Function, whose per-call cost is a
-    large part of a small projection's."""
+    a gradient (``no_grad``, inference) the product runs without the autograd Function,
+    whose per-call cost is a large part of a small projection's."""
     if torch.is_grad_enabled() and (
         a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)
     ):

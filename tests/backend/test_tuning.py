@@ -206,9 +206,9 @@ def test_real_measurement_is_recorded(routes):
 
 
 def _explicit(ops, q, k, v, scale, kv_heads_first=False):
-    from multiattn.ops.attention import _explicit_unmasked
+    from multiattn.ops.attention import explicit_unmasked
 
-    return _explicit_unmasked(ops, q, k, v, scale, kv_heads_first)
+    return explicit_unmasked(ops, q, k, v, scale, kv_heads_first)
 
 
 def _qkv(tq: int, tk: int, heads: int = 2, dim: int = 4):
@@ -432,7 +432,7 @@ def test_the_attention_choice_is_timed_through_the_tuner_only_under_autotune(mon
     assert bool(asked) is fused and len(tuning.decisions()) == int(fused)
     tuning.reset()
     asked.clear()
-    for given in (Fixed(), Fixed(attention_chunks=2, blockwise=False), False):
+    for given in (Fixed(), Fixed(attention_chunks=2), False):
         with config.settings(autotune=given):
             _attend(q, k, v)
     assert asked == [] and tuning.decisions() == []

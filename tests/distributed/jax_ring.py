@@ -28,7 +28,7 @@ HEADS, DIM = 2, 16
 #: differentiated automatically
 PLAIN = dict(
     fused_attention=False,
-    autotune=Fixed(attention_chunks=1, attention_backward="autodiff", blockwise=False),
+    autotune=Fixed(attention_chunks=1, attention_backward="autodiff"),
 )
 
 

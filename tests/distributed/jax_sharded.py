@@ -27,7 +27,7 @@ D_MODEL, HEADS, DFF, BATCH, SEQ = 64, 8, 128, 8, 32
 #: automatically, in one piece (every projection is its own product)
 PINNED = dict(
     fused_attention=False,
-    autotune=Fixed(attention_chunks=1, attention_backward="autodiff", blockwise=False),
+    autotune=Fixed(attention_chunks=1, attention_backward="autodiff"),
 )
 
 
