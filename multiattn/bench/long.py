@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import tuning
+from .._system import available_memory
 from .common import MIB, describe_error, hwm_bytes, reset_hwm, rss_bytes, summarize, trim_heap
 
 BATCH, HEADS, HEAD_DIM = 1, 8, 64
@@ -257,17 +258,6 @@ def _add_gflops(entry: dict, backward: bool) -> None:
         entry["gflops"] = flops / (entry["median_ms"] / 1e3) / 1e9
 
 
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def run_long(cfg: dict, on_line: Callable[[str], None] = lambda s: None) -> dict:
     """Every length of ``cfg["lengths"]`` in its own process; the ``long`` section of the
     report.
@@ -279,7 +269,7 @@ def run_long(cfg: dict, on_line: Callable[[str], None] = lambda s: None) -> dict
     """
     backend, max_bytes = cfg["backend"], int(cfg["max_gib"] * GIB)
     backward = bool(cfg.get("backward"))
-    available = _available_bytes()
+    available = available_memory()
     safety = None if available is None else int(0.8 * available)
     results = []
     out_of_memory = None

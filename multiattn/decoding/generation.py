@@ -9,11 +9,11 @@ its prompt.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
+from .._system import available_memory
 from ..namespaces.keras import get_ops
 from ._checks import check_int
 from .samplers import make_sampler
@@ -22,7 +22,6 @@ from .strategies import choose_strategy, model_backend
 
 __all__ = [
     "GenerationMixin",
-    "available_memory",
     "check_cache_size",
     "check_lengths",
     "left_padded_prompt",
@@ -112,22 +111,6 @@ def check_lengths(seq: int, max_new_tokens: Any, context: int) -> int:
             "new ones."
         )
     return new
-
-
-def available_memory() -> int | None:
-    """Bytes the operating system reports available (``MemAvailable`` of
-    ``/proc/meminfo``; else free pages by ``sysconf``); None where neither is known."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def check_cache_size(values: int, dtype: str) -> None:

@@ -229,7 +229,7 @@ def test_from_pretrained_refuses_a_shard_that_is_not_a_regular_file(tmp_path):
 def test_generate_refuses_caches_larger_than_the_available_memory(loaded, name, tmp_path):
     import json
 
-    from multiattn.decoding.generation import available_memory
+    from multiattn._system import available_memory
 
     available = available_memory()
     assert available is not None
