@@ -337,3 +337,11 @@ def check_relative_buckets(
             f"{where}: `{names[1]}` must exceed {names[0]} // 2 = {num_buckets // 2} (the "
             f"distances with a bucket each); received {max_distance}."
         )
+
+
+def check_bool(where: str, name: str, value: Any) -> bool:
+    """``value`` if it is a bool (NumPy bools and ints refused: a config flag of 1 or
+    "yes" is a mistake); else `TypeError` naming ``name``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: `{name}` must be a bool; received {describe(value)}.")
+    return value

@@ -8,7 +8,14 @@ from typing import Any
 
 import keras
 
-from .._checks import check_flag, check_float, check_positive_int, check_rate, describe
+from .._checks import (
+    check_bool,
+    check_flag,
+    check_float,
+    check_positive_int,
+    check_rate,
+    describe,
+)
 from ..namespaces.keras import get_ops
 from ..ops.activations import check_activation
 from ..ops.normalization import check_epsilon
@@ -31,12 +38,6 @@ __all__ = ["BLOCK_OPTIONS", "NORMS", "DecoderBlockConfig", "TransformerDecoderOn
 #: The normalisations of `TransformerDecoderOnlyLayer`: ``"layer"`` (LayerNorm, with
 #: scale and offset: GPT-2) and ``"rms"`` (RMSNorm, scale only: Llama, Qwen2, Mistral).
 NORMS = ("layer", "rms")
-
-
-def _check_bool(where: str, name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{where}: `{name}` must be a bool; received {describe(value)}.")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +117,7 @@ class DecoderBlockConfig:
         if self.norm not in NORMS:
             raise ValueError(f"{where}: `norm` must be one of {NORMS}; received {self.norm!r}.")
         for name in ("norm_first", "gated", "attention_bias", "output_bias", "ffn_bias"):
-            _check_bool(where, name, getattr(self, name))
+            check_bool(where, name, getattr(self, name))
         checked["rate"] = check_rate(where, "rate", self.rate)
         checked["epsilon"] = check_epsilon(where, self.epsilon)
         checked["activation"] = check_activation(where, self.activation)

@@ -32,13 +32,17 @@ def token_ids(where: str, name: str, ids: Any, vocab: int) -> tuple[Any, Any]:
             ``[0, vocab)`` (named with the value and ``vocab``).
     """
     raw = ids if hasattr(ids, "shape") and hasattr(ids, "dtype") else np.asarray(ids)
-    dtype = (getattr(raw.dtype, "name", None) or str(raw.dtype).rsplit(".", 1)[-1]).lower()
+    ns = get_ops(raw, names=(name,), where=where)
+    try:
+        dtype = ns.dtype_name(raw)
+    except (ValueError, TypeError):  # strings, objects: no framework dtype
+        dtype = str(raw.dtype)
     if len(raw.shape) != 2 or not dtype.startswith(("int", "uint")):
         raise ValueError(
             f"{where}: `{name}` must be an integer (batch, seq) array; received shape "
             f"{tuple(raw.shape)} of {dtype}."
         )
-    value = concrete(get_ops(raw, names=(name,), where=where), raw)
+    value = concrete(ns, raw)
     ops = keras.ops
     if value is not None:
         bad = value[(value < 0) | (value >= vocab)]

@@ -22,7 +22,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from .._checks import check_positive_int
+from .._checks import check_bool, check_positive_int
 from ..decoding.generation import (
     GenerationMixin,
     check_cache_size,
@@ -79,10 +79,7 @@ class CausalLMConfig:
         for name in ("vocab_size", "num_layers", "max_positions"):
             object.__setattr__(self, name, check_positive_int(where, name, getattr(self, name)))
         for name in ("learned_positions", "tied", "fused_qkv"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(
-                    f"{where}: `{name}` must be a bool; received {getattr(self, name)!r}."
-                )
+            check_bool(where, name, getattr(self, name))
         object.__setattr__(self, "block", block_config(where, self.block, {}))
 
     @classmethod

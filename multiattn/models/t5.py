@@ -25,7 +25,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from .._checks import check_positive_int, check_relative_buckets, describe
+from .._checks import check_bool, check_positive_int, check_relative_buckets, describe
 from ..decoding._checks import check_int
 from ..decoding.generation import (
     GenerationMixin,
@@ -93,9 +93,7 @@ class T5Config:
         checked["epsilon"] = check_epsilon(where, self.epsilon)
         checked["activation"] = check_activation(where, self.activation)
         for name in ("gated", "scale_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{where}: `{name}` must be a bool; received "
-                                f"{describe(getattr(self, name))}.")  # fmt: skip
+            check_bool(where, name, getattr(self, name))
         start = check_int(where, "decoder_start_token_id", self.decoder_start_token_id, 0)
         if start is None or start >= checked["vocab_size"]:
             raise ValueError(
