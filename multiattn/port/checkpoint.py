@@ -132,10 +132,10 @@ class Interrupted(Exception):
     """A signal (SIGTERM, SIGINT, SIGHUP) stopped a write; the temporary file is removed
     and the destination is untouched."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, what: str = "file"):
         self.signum = int(signum)
         name = signal.Signals(self.signum).name
-        super().__init__(f"interrupted by {name} while writing; the temporary file was removed.")
+        super().__init__(f"interrupted by {name} while writing; the temporary {what} was removed.")
 
 
 def _brief(err: BaseException, limit: int = 300) -> str:
@@ -653,6 +653,16 @@ def _write_h5(path: Path, tensors: dict, metadata: dict) -> None:
             grp.create_dataset(name.rpartition("/")[2], data=arr)
 
 
+def _check_parent(path: Path) -> None:
+    """The nearest existing folder above ``path`` must be a folder (the missing ones are
+    made): a file there is named, instead of the operating system's "File exists"."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise PortError(f"{path}: cannot write: {parent} is a file, not a folder.")
+
+
 def write_tensors(path: str | os.PathLike, fmt: str, tensors: dict, metadata: dict) -> list[Path]:
     """Write ``tensors`` atomically in format ``fmt`` (``metadata``: safetensors metadata,
     or root attributes of h5 files; ignored by the pickle formats).
@@ -664,6 +674,7 @@ def write_tensors(path: str | os.PathLike, fmt: str, tensors: dict, metadata: di
     if fmt not in FORMATS:
         raise PortError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}.")
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    _check_parent(path)
     removed = remove_stale_temp_files(path)
     try:
         with _atomic(path) as tmp:
@@ -806,25 +817,34 @@ def parse_metadata(metadata: dict) -> tuple[str | None, dict | None]:
             f"the file's metadata {META_KIND!r} must be one of {', '.join(KINDS)}; received "
             f"{kind!r:.80}."
         )
-    raw = metadata.get(META_CONFIG)
-    if raw is None:
+    if META_CONFIG not in metadata:
         return kind, None
+    return kind, metadata_object(metadata, META_CONFIG)
+
+
+def metadata_object(metadata: dict, key: str) -> dict:
+    """The JSON object in ``metadata[key]`` (a text of at most `MAX_METADATA_CHARS`).
+    Raises PortError naming the key when it is absent, too long, not JSON or not an
+    object."""
+    raw = metadata.get(key)
+    if raw is None:
+        raise PortError(f"the file's metadata has no {key!r}.")
     if not isinstance(raw, str) or len(raw) > MAX_METADATA_CHARS:
         raise PortError(
-            f"the file's metadata {META_CONFIG!r} must be a JSON text of at most "
+            f"the file's metadata {key!r} must be a JSON text of at most "
             f"{MAX_METADATA_CHARS} characters; received {type(raw).__name__} of length "
             f"{len(raw) if isinstance(raw, str) else '?'}."
         )
     try:
-        config = json.loads(raw)
+        value = json.loads(raw)
     except (ValueError, RecursionError) as err:
-        raise PortError(f"the file's metadata {META_CONFIG!r} is not valid JSON ({err}).") from None
-    if not isinstance(config, dict):
+        raise PortError(f"the file's metadata {key!r} is not valid JSON ({err}).") from None
+    if not isinstance(value, dict):
         raise PortError(
-            f"the file's metadata {META_CONFIG!r} must be a JSON object; received "
-            f"{type(config).__name__}: {raw:.80}."
+            f"the file's metadata {key!r} must be a JSON object; received "
+            f"{type(value).__name__}: {raw:.80}."
         )
-    return kind, config
+    return value
 
 
 _ENCODER_ONLY = ("norm_first", "epsilon", "activation")

@@ -6,7 +6,9 @@ this command); else ``--module`` (mha or encoder; Keras ``.weights.h5`` files sh
 themselves) with every size read from the tensor shapes, and ``--num-heads`` for the torch
 and paddle layouts, whose packed projections do not show the heads. Every tensor must be
 accounted for: a missing, extra or mis-shaped tensor stops the run before any tensor data
-is read, and nothing is written.
+is read, and nothing is written. With ``--from hf`` / ``--to hf`` (a whole model,
+`multiattn.port.models`) the model's config gives the structure: the module flags are
+refused, and so is ``--max-size`` with ``--from hf`` (a folder is read whole).
 
 Exit status: 0 on success; 1 when the conversion is refused or fails (the message starts
 with ``multiattn port: error:``); 2 for a command line argparse cannot parse; 128 + the
@@ -158,43 +160,68 @@ def _error(message: str) -> None:
     print(f"multiattn port: error: {message}", file=sys.stderr)
 
 
+#: Flags that describe one module; a model's config gives its structure instead.
+_MODULE_FLAGS = ("module", "num_heads", "prefix", "norm_first", "epsilon", "activation",
+                 "rotary_max_length", "rotary_base")  # fmt: skip
+
+
 def _model(args: argparse.Namespace) -> int:
     """A whole model folder (`multiattn.port.models`)."""
     from .models import convert_model
 
-    try:
-        if _same_file(args.src, args.dst):
-            raise PortError("SRC and DST are the same.")
-        done = convert_model(args.src, args.dst, args.src_fmt, args.dst_fmt,
-                             args.trust_pickle, args.force)  # fmt: skip
-    except PortError as err:
-        _error(f"{err} Nothing was written.")
-        return 1
+    side = "--from hf" if args.src_fmt == "hf" else "--to hf"
+    given = [key for key in _MODULE_FLAGS if getattr(args, key) not in (None, "")]
+    if given:
+        flags = ", ".join("--" + key.replace("_", "-") for key in given)
+        verb = "does" if len(given) == 1 else "do"
+        raise PortError(
+            f"{flags} {verb} not apply to {side}: a model's config gives its structure."
+        )
+    if args.src_fmt == "hf" and args.max_size is not None:
+        raise PortError(
+            "--max-size does not apply to --from hf: a model folder is read whole, as "
+            "from_pretrained reads it."
+        )
+    if _same_file(args.src, args.dst):
+        raise PortError("SRC and DST are the same.")
+    done = convert_model(args.src, args.dst, args.src_fmt, args.dst_fmt, args.trust_pickle,
+                         args.force, _size(args.max_size))  # fmt: skip
+    for stale in done["removed"]:
+        print(f"multiattn port: removed {stale}, left by a killed run.", file=sys.stderr)
     print(f"{args.src} ({args.src_fmt}) -> {args.dst} ({args.dst_fmt}): "
           f"{done['model_type']} model, {done['tensors']} tensors")  # fmt: skip
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    """One module's weight file (`multiattn.port.checkpoint.convert_file`)."""
+    extra = _extra(args)
+    max_bytes = _size(args.max_size)
+    _check_paths(args)
+    conv = convert_file(
+        args.src,
+        args.dst,
+        args.src_fmt,
+        args.dst_fmt,
+        kind=args.module,
+        num_heads=args.num_heads,
+        prefix=args.prefix,
+        extra_config=extra,
+        trust_pickle=args.trust_pickle,
+        max_bytes=max_bytes,
+    )
+    for stale in conv.removed_temp_files or ():
+        print(f"multiattn port: removed {stale}, left by a killed run.", file=sys.stderr)
+    _report(conv, args)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if "hf" in (args.src_fmt, args.dst_fmt):
-        return _model(args)
     try:
-        extra = _extra(args)
-        max_bytes = _size(args.max_size)
-        _check_paths(args)
-        conv = convert_file(
-            args.src,
-            args.dst,
-            args.src_fmt,
-            args.dst_fmt,
-            kind=args.module,
-            num_heads=args.num_heads,
-            prefix=args.prefix,
-            extra_config=extra,
-            trust_pickle=args.trust_pickle,
-            max_bytes=max_bytes,
-        )
+        if "hf" in (args.src_fmt, args.dst_fmt):
+            return _model(args)
+        return _convert(args)
     except PortError as err:
         _error(f"{err} Nothing was written.")
         return 1
@@ -210,10 +237,6 @@ def main(argv: list[str] | None = None) -> int:
             "multiattn port; please report it with the command line.)"
         )
         return 1
-    for stale in conv.removed_temp_files or ():
-        print(f"multiattn port: removed {stale}, left by a killed run.", file=sys.stderr)
-    _report(conv, args)
-    return 0
 
 
 if __name__ == "__main__":
