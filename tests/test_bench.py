@@ -271,3 +271,139 @@ def test_the_report_says_when_the_adapters_come_from_another_tree(tmp_path):
         {"core": str(other / "multiattn"), "adapters": str(checkout / "backends"), "mixed": True}
     )
     assert str(checkout / "backends") in line and str(other / "multiattn") in line
+
+
+def test_the_bandwidth_bound_and_its_fraction_are_the_hand_computed_ones():
+    from rich.console import Console
+
+    from multiattn.bench.decode import bandwidth_bound, print_decode
+
+    # 1.5 GB of weights read once per step at 30 GB/s: 20 steps/s, a token per row each
+    assert bandwidth_bound(1_500_000_000, 30.0, 1) == pytest.approx(20.0)
+    assert bandwidth_bound(1_500_000_000, 30.0, 8) == pytest.approx(160.0)
+    row = {"model": "llama1b", "prompt": 128, "framework": "jax", "prefill_ms": 900.0,
+           "total_ms": 5000.0}  # fmt: skip
+    section = {
+        "config": {"new_tokens": 32, "repeats": 1},
+        "bandwidth": {"gb_per_s": 30.0, "bytes": 1 << 30, "threads": 2, "repeats": 7},
+        "models": {
+            "llama1b": {
+                "dtype": "bfloat16",
+                "parameters": 750_000_000,
+                "weight_bytes": 1_500_000_000,
+            }
+        },
+        "frameworks": {
+            "jax": {
+                "status": "ran",
+                "loads": {
+                    "llama1b": {
+                        "dtype": "bfloat16",
+                        "load_s": 3.0,
+                        "rss_added": 1_800_000_000,
+                        "peak_added": 2_000_000_000,
+                        "first_call_s": 12.0,
+                        "transformers": {
+                            "load_s": 2.0,
+                            "rss_added": 1_600_000_000,
+                            "first_call_s": 1.5,
+                        },
+                    }
+                },
+            }
+        },
+        "rows": [
+            {**row, "batch": 1, "implementation": "multiattn", "tokens_per_s": 15.0},
+            {**row, "batch": 1, "implementation": "transformers", "tokens_per_s": 10.0},
+            {**row, "batch": 8, "implementation": "multiattn", "tokens_per_s": 40.0},
+            {**row, "batch": 8, "implementation": "transformers", "tokens_per_s": None},
+        ],
+    }
+    console = Console(record=True, width=250)
+    print_decode(section, console)
+    text = console.export_text()
+    assert "Read bandwidth: 30.0 GB/s" in text and "bound 20.0 tokens/s at batch 1" in text
+    cells = [[c.strip() for c in ln.split("│")[1:-1]] for ln in text.splitlines() if "│" in ln]
+    rates = {(c[2], c[4]): c for c in cells if len(c) == 9 and c[0] == "llama1b"}
+    assert rates[("1", "multiattn")][-2:] == ["1.50", "0.75"]  # 15 / 10, 15 / 20
+    assert rates[("8", "multiattn")][-2:] == ["", "0.25"]  # no transformers rate; 40 / 160
+    assert rates[("8", "transformers")][-3:] == ["noise", "", ""]
+    (load,) = [c for c in cells if len(c) == 11 and c[0] == "llama1b"]
+    assert load[1:] == ["jax", "bfloat16", "3.0", "1.80", "1.20", "2.00", "12.0", "2.0",
+                        "1.60", "1.5"]  # fmt: skip
+
+
+def test_the_read_bandwidth_is_measured_on_every_thread():
+    from multiattn.bench.decode import read_bandwidth
+
+    bw = read_bandwidth(16 << 20, repeats=2, threads=2)
+    assert bw["gb_per_s"] > 0 and bw["threads"] == 2 and len(bw["seconds"]) == 2
+
+
+@pytest.mark.skipif(not _installed("torch"), reason="torch is not installed")
+def test_the_weight_bytes_count_tied_embeddings_once():
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from multiattn.bench.decode import weight_bytes
+
+    sizes = {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+    counts = {}
+    for tied in (True, False):
+        model = AutoModelForCausalLM.from_config(
+            LlamaConfig(tie_word_embeddings=tied, **sizes), dtype=torch.bfloat16
+        )
+        assert weight_bytes(model) == model.num_parameters() * 2
+        counts[tied] = weight_bytes(model)
+    assert counts[False] - counts[True] == 300 * 32 * 2  # the head's own copy
+
+
+@pytest.mark.skipif(not _installed("torch"), reason="torch is not installed")
+@pytest.mark.parametrize("name", ["qwen2", "llama1b"])
+def test_the_real_bfloat16_models_are_saved_in_bfloat16_and_their_configs_accepted(tmp_path, name):
+    pytest.importorskip("transformers")
+    import transformers
+
+    from multiattn.bench.decode import KINDS, LLAMA3_ROPE, SIZES, make_model
+    from multiattn.hf.causal_lm import CAUSAL_LM_FAMILIES
+
+    info = make_model(tmp_path / name, name, 64, size="small")
+    saved = json.loads((tmp_path / name / "config.json").read_text())
+    assert info["dtype"] == saved["dtype"] == "bfloat16"
+    assert info["weight_bytes"] == info["parameters"] * 2
+    # the real shape's config (no weights made) passes multiattn's table of its family
+    getattr(transformers, KINDS[name][0])(**SIZES["real"][name]).save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    family = next(f for f in CAUSAL_LM_FAMILIES if f.model_type == raw["model_type"])
+    sizes = family.check_config(raw, "config.json")
+    assert (
+        sizes["tied"] and sizes["num_key_value_heads"] == SIZES["real"][name]["num_key_value_heads"]
+    )
+    if name == "llama1b":
+        assert sizes["head_dim"] == 64 and sizes["rope_theta"] == 500000.0
+        assert sizes["rope_scaling"]["rope_type"] == LLAMA3_ROPE["rope_type"] == "llama3"
+
+
+def test_the_decode_models_and_sizes_parse():
+    from multiattn.bench.main import build_parser, decode_config
+
+    parser = build_parser()
+
+    def parsed(*argv):
+        return decode_config(parser.parse_args(["--decode", *argv]), parser,
+                             {"frameworks": ["torch", "numpy"], "seed": 0})  # fmt: skip
+
+    real = parsed("--decode-size", "real")
+    assert real["models"] == ["gpt2", "qwen2", "llama1b"]
+    assert real["prompts"] == [128, 512] and real["batches"] == [1, 8]
+    assert real["new_tokens"] == 32 and real["frameworks"] == ["torch"]
+    assert parsed()["models"] == ["gpt2", "llama"]
+    chosen = parsed("--decode-size", "real", "--decode-models", "llama1b, qwen2,llama1b")
+    assert chosen["models"] == ["llama1b", "qwen2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "multiattn.cli", "bench", "--decode", "--decode-models", "llama2"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "gpt2, llama, qwen2, llama1b" in proc.stderr

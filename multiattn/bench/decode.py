@@ -45,52 +45,135 @@ from typing import Any
 import numpy as np
 
 FRAMEWORKS = ("jax", "torch", "tensorflow", "paddle")
-MODELS = ("gpt2", "llama")
-#: ``--decode-size``: the two models' shapes. ``small``: both of width 256, 4 layers
-#: (a step there is mostly Python and dispatch). ``real``: GPT-2 small (124 M parameters)
-#: and Qwen2-0.5B's shape (a Llama-family model, grouped-query attention with 2
-#: key/value heads for 14 query heads, tied embeddings: 494 M parameters), where a step
-#: is bound by the weights' memory traffic.
+MODELS = ("gpt2", "llama", "qwen2", "llama1b")
+#: ``--decode-models``' default per ``--decode-size``.
+DEFAULT_MODELS = {"small": ("gpt2", "llama"), "real": ("gpt2", "qwen2", "llama1b")}
+#: Each model's transformers config class and the dtype its checkpoint is saved in.
+KINDS = {
+    "gpt2": ("GPT2Config", "float32"),
+    "llama": ("LlamaConfig", "float32"),
+    "qwen2": ("Qwen2Config", "bfloat16"),
+    "llama1b": ("LlamaConfig", "bfloat16"),
+}
+#: Llama 3.2's rotary scaling (``rope_scaling`` of Llama-3.2-1B's config).
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+#: ``--decode-size``: the models' shapes. ``small``: every model of width 256, 4 layers
+#: (a step there is mostly Python and dispatch), in its dtype of `KINDS`. ``real``:
+#: ``gpt2`` GPT-2 small (124 M parameters, float32); ``llama`` Qwen2-0.5B's shape as a
+#: Llama model in float32 (grouped-query attention with 2 key/value heads for 14 query
+#: heads, tied embeddings: 494 M parameters); ``qwen2`` Qwen2-0.5B (Qwen2 with the
+#: projections' biases, bfloat16); ``llama1b`` Llama-3.2-1B (1.24 B parameters, 8
+#: key/value heads for 32, tied embeddings, llama3 rotary scaling, bfloat16). At real
+#: size a step is bound by the weights' memory traffic. ``max_position_embeddings``
+#: (``n_positions``) is the real model's, or the run's length where that is longer.
 SIZES = {
     "small": {
         "gpt2": {"vocab_size": 1000, "n_embd": 256, "n_layer": 4, "n_head": 8},
         "llama": {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 688,
                   "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2},
+        "qwen2": {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 688,
+                  "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+                  "tie_word_embeddings": True},
+        "llama1b": {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 688,
+                    "num_hidden_layers": 4, "num_attention_heads": 8,
+                    "num_key_value_heads": 2, "head_dim": 32, "tie_word_embeddings": True,
+                    "rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE,
+                    "max_position_embeddings": 131072},
     },
     "real": {
-        "gpt2": {"vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12},
+        "gpt2": {"vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12,
+                 "n_positions": 1024},
         "llama": {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
                   "num_hidden_layers": 24, "num_attention_heads": 14,
                   "num_key_value_heads": 2, "tie_word_embeddings": True},
+        "qwen2": {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+                  "num_hidden_layers": 24, "num_attention_heads": 14,
+                  "num_key_value_heads": 2, "tie_word_embeddings": True,
+                  "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                  "max_position_embeddings": 32768},
+        "llama1b": {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+                    "num_hidden_layers": 16, "num_attention_heads": 32,
+                    "num_key_value_heads": 8, "head_dim": 64, "tie_word_embeddings": True,
+                    "rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE,
+                    "rms_norm_eps": 1e-5, "max_position_embeddings": 131072},
     },
 }  # fmt: skip
 #: Token ids of the prompts are drawn below this (inside every size's vocabulary).
 VOCAB = 1000
 
 
-def make_models(
-    folder: Path, max_positions: int, seed: int = 0, size: str = "small"
-) -> dict[str, Path]:
-    """The two model folders (``gpt2``, ``llama``) of `SIZES`' ``size``, written by
-    transformers with random weights."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+def weight_bytes(model: Any) -> int:
+    """The bytes of a torch model's parameters, each in its own dtype; a tensor shared by
+    two modules (tied embeddings) counted once, as ``model.parameters()`` yields it once:
+    the bytes one decoding step reads."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
-    shapes = SIZES[size]
+
+def make_model(folder: Path, name: str, max_positions: int, seed: int = 0,
+               size: str = "small") -> dict[str, Any]:  # fmt: skip
+    """Model ``name`` of `SIZES`' ``size``, made by transformers with random weights in
+    its dtype of `KINDS` (built in that dtype: no float32 copy first) and saved to
+    ``folder``; its dtype, parameter count and `weight_bytes`."""
+    import torch
+    import transformers
+
+    config_class, dtype = KINDS[name]
+    shape = dict(SIZES[size][name])
+    positions = "n_positions" if name == "gpt2" else "max_position_embeddings"
+    shape[positions] = max(shape.get(positions, 0), max_positions)
+    config = getattr(transformers, config_class)(bos_token_id=0, eos_token_id=0, **shape)
+    transformers.utils.logging.disable_progress_bar()  # the saves' "Writing model shards"
     torch.manual_seed(seed)
-    gpt2 = GPT2LMHeadModel(GPT2Config(
-        n_positions=max_positions, bos_token_id=0, eos_token_id=0, **shapes["gpt2"]
-    ))  # fmt: skip
-    llama = LlamaForCausalLM(LlamaConfig(
-        max_position_embeddings=max_positions, bos_token_id=0, eos_token_id=0,
-        **shapes["llama"],
-    ))  # fmt: skip
-    paths = {}
-    for name, model in (("gpt2", gpt2), ("llama", llama)):
-        paths[name] = folder / name
-        model.save_pretrained(paths[name])
-    del gpt2, llama
-    return paths
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.save_pretrained(folder)
+    info = {"path": str(folder), "dtype": dtype, "parameters": model.num_parameters(),
+            "weight_bytes": weight_bytes(model)}  # fmt: skip
+    del model
+    return info
+
+
+def make_models(
+    folder: Path, max_positions: int, seed: int = 0, size: str = "small",
+    models: tuple[str, ...] | list[str] = ("gpt2", "llama"),
+) -> dict[str, Path]:  # fmt: skip
+    """The model folders (by default ``gpt2`` and ``llama``) of `SIZES`' ``size``, written
+    by transformers with random weights, one model in memory at a time."""
+    return {name: Path(make_model(folder / name, name, max_positions, seed, size)["path"])
+            for name in models}  # fmt: skip
+
+
+def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 7,
+                   threads: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """The machine's memory read bandwidth: NumPy sums of an int64 array of ``nbytes``
+    (much larger than a last-level cache), split over ``threads`` threads (default: the
+    usable cores, as the frameworks decode on all of them; NumPy releases the GIL in
+    sums), timed ``repeats`` times after one untimed pass; ``gb_per_s`` from the median.
+    int64, whose additions NumPy vectorises, where a float32 sum (pairwise) is slower
+    than memory on some CPUs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    data = np.ones(nbytes // 8, dtype=np.int64)
+    parts = np.array_split(data, threads)
+    with ThreadPoolExecutor(threads) as pool:
+
+        def once() -> float:
+            return _timed_s(lambda: list(pool.map(np.sum, parts)))
+
+        once()
+        times = [once() for _ in range(repeats)]
+    return {"gb_per_s": nbytes / statistics.median(times) / 1e9, "bytes": nbytes,
+            "threads": threads, "repeats": repeats, "seconds": times}  # fmt: skip
+
+
+def bandwidth_bound(weight_bytes: int, gb_per_s: float, batch: int) -> float:
+    """The tokens/s a decoding step could reach if reading the weights once per step (for
+    the whole batch) at ``gb_per_s`` were all it cost: ``batch * gb_per_s * 1e9 /
+    weight_bytes``. It leaves out the caches' bytes and the arithmetic, so at a batch
+    above one it is an upper bound only."""
+    return batch * gb_per_s * 1e9 / weight_bytes
 
 
 def _timed_s(fn) -> float:
@@ -115,11 +198,6 @@ def _paired_ms(runs: dict, new: int, repeats: int) -> dict[str, tuple[float, flo
     return out
 
 
-def _cases(cfg: dict) -> list[tuple[str, int, int]]:
-    models = cfg.get("models") or MODELS
-    return [(m, p, b) for m in models for p in cfg["prompts"] for b in cfg["batches"]]
-
-
 def _case(row: dict, framework: bool = False) -> tuple:
     """A row's case (model, prompt, batch), with its framework's process first."""
     case = (row["model"], row["prompt"], row["batch"])
@@ -130,42 +208,89 @@ def _inputs(prompt: int, batch: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(1, VOCAB, (batch, prompt)).astype(np.int64)
 
 
+def _loaded(load) -> tuple[Any, dict[str, Any]]:
+    """``load()``'s result and what loading cost: ``load_s`` seconds, ``rss_added`` the
+    resident set size after it (garbage collected and the C heap trimmed, as before it)
+    minus before it, ``peak_added`` the peak above before (`multiattn.bench.common.PeakRSS`:
+    the kernel's high-water mark, reset at the start), ``peak_method`` how it was read."""
+    from .common import PeakRSS, rss_bytes, trim_heap
+
+    with PeakRSS() as peak:
+        start = time.perf_counter()
+        obj = load()
+        seconds = time.perf_counter() - start
+    trim_heap()
+    after = rss_bytes()
+    return obj, {
+        "load_s": seconds, "rss_added": None if after is None else after - peak.base,
+        "peak_added": peak.delta if peak.method != "ru_maxrss" else None,
+        "peak_method": peak.method,
+    }  # fmt: skip
+
+
 def worker(framework: str, cfg: dict, folders: dict[str, str]) -> dict:
-    """Time multiattn's ``generate`` and transformers' for every case, alternating; on
-    Paddle the models are the Paddle twins (``framework="paddle"``)."""
+    """Load each model (multiattn's, then transformers' in the checkpoint's dtype), time
+    each one's first ``generate``, then multiattn's ``generate`` and transformers' for
+    every case, alternating; on Paddle the models are the Paddle twins
+    (``framework="paddle"``). Everything the loads need is imported first, so that the
+    memory a load adds is the model's."""
     if framework == "paddle":
         import multiattn.paddle  # noqa: F401 - Paddle before anything loads TensorFlow
     import keras
+    import torch
+    import transformers  # noqa: F401 - imported before the loads are measured
 
-    from multiattn import config
+    from multiattn.models import from_pretrained  # noqa: F401 - likewise
 
     if framework == "torch":
-        import torch
-
         torch.set_grad_enabled(False)
+    rows, loads = [], {}
+    for name in cfg.get("models") or MODELS:
+        if name in folders:
+            loads[name] = _time_model(framework, name, folders[name], cfg, rows)
+    from multiattn import tuning
+
+    backend = "paddle" if framework == "paddle" else keras.backend.backend()
+    return {"backend": backend, "rows": rows, "loads": loads, "decisions": tuning.decisions()}
+
+
+def _time_model(framework: str, name: str, folder: str, cfg: dict, rows: list) -> dict:
+    """Model ``name``'s loads and first calls (returned) and its cases' rows (appended to
+    ``rows``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from multiattn import config
+    from multiattn.models import from_pretrained
+
     new = cfg["new_tokens"]
-    rows = []
-    for name, prompt, batch in _cases(cfg):
+    dtype = json.loads((Path(folder) / "config.json").read_text()).get("dtype") or "float32"
+    kind = "paddle" if framework == "paddle" else None
+    model, load = _loaded(lambda: from_pretrained(folder, framework=kind))
+    hf, hf_load = _loaded(
+        lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+    )
+    load.update({"dtype": dtype, "transformers": hf_load})
+    runs = {"multiattn": _runner(model), "transformers": _transformers_runner(hf)}
+    for label, scoped in twins(cfg).items():  # a model each: its compiled functions too
+        runs[label] = _runner(from_pretrained(folder, framework=kind), config, scoped)
+    first = _inputs(cfg["prompts"][0], cfg["batches"][0], cfg["seed"])
+    load["first_call_s"] = _timed_s(lambda: runs["multiattn"](first, new))
+    hf_load["first_call_s"] = _timed_s(lambda: runs["transformers"](first, new))
+    for prompt, batch in ((p, b) for p in cfg["prompts"] for b in cfg["batches"]):
         ids = _inputs(prompt, batch, cfg["seed"])
-        runs = {"multiattn": _runner(framework, folders[name], ids)}
-        for label, scoped in twins(cfg).items():  # a model each: its compiled functions too
-            runs[label] = _runner(framework, folders[name], ids, config, scoped)
-        runs["transformers"] = _transformers_runner(folders[name], ids)
+        case = {impl: functools.partial(run, ids) for impl, run in runs.items()}
         for n in (1, new):  # compile and warm every shape first
-            for fn in runs.values():
+            for fn in case.values():
                 fn(n)
-        for impl, (prefill, total, steps) in _paired_ms(runs, new, cfg["repeats"]).items():
+        for impl, (prefill, total, steps) in _paired_ms(case, new, cfg["repeats"]).items():
             rows.append({
                 "model": name, "prompt": prompt, "batch": batch, "implementation": impl,
                 "prefill_ms": prefill, "total_ms": total,
                 # not positive: noise swamped the steps (None)
                 "tokens_per_s": batch * (new - 1) / (steps / 1e3) if steps > 0 else None,
             })  # fmt: skip
-        del runs
-    from multiattn import tuning
-
-    backend = "paddle" if framework == "paddle" else keras.backend.backend()
-    return {"backend": backend, "rows": rows, "decisions": tuning.decisions()}
+    return load
 
 
 def twins(cfg: dict) -> dict[str, dict[str, Any]]:
@@ -178,48 +303,60 @@ def twins(cfg: dict) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _runner(framework: str, folder: str, ids: np.ndarray, config: Any = None,
-            scoped: dict | None = None):  # fmt: skip
-    """multiattn's greedy ``generate`` of the model in ``folder`` on ``ids``, each call
-    under ``config.settings(**scoped)`` where ``scoped`` is given."""
-    from multiattn.models import from_pretrained
-
-    model = from_pretrained(folder, framework="paddle" if framework == "paddle" else None)
+def _runner(model: Any, config: Any = None, scoped: dict | None = None):
+    """multiattn's greedy ``generate`` of ``model`` on ids, each call under
+    ``config.settings(**scoped)`` where ``scoped`` is given."""
     scope = functools.partial(config.settings, **scoped) if scoped else contextlib.nullcontext
 
-    def run(n: int) -> Any:
+    def run(ids: np.ndarray, n: int) -> Any:
         with scope():
             return model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
 
     return run
 
 
-def _transformers_runner(folder: str, ids: np.ndarray):
+def _transformers_runner(hf: Any):
     import torch
-    from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
-    tensor = torch.from_numpy(ids)
-
-    def run(n: int) -> Any:
-        return hf.generate(
-            tensor, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
-        )
+    def run(ids: np.ndarray, n: int) -> Any:
+        return hf.generate(torch.from_numpy(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0)  # fmt: skip
 
     return run
 
 
 def run_decode(cfg: dict, on_line) -> dict:
-    """Every framework's process in turn; the report's ``decode`` section."""
-    out: dict[str, Any] = {"config": cfg, "frameworks": {}, "rows": []}
+    """The machine's read bandwidth (`read_bandwidth`, before any model exists), every
+    model made in turn, then a process per framework and model (so that each load's
+    memory is measured in a process that has loaded nothing else); the report's
+    ``decode`` section."""
+    models = cfg.get("models") or DEFAULT_MODELS[cfg.get("size", "small")]
+    out: dict[str, Any] = {"config": cfg, "frameworks": {}, "rows": [], "models": {}}
+    on_line("measuring the read bandwidth")
+    out["bandwidth"] = read_bandwidth(cfg.get("bandwidth_bytes", 1 << 30))
     with tempfile.TemporaryDirectory(prefix="multiattn-bench-decode-") as tmp:
-        folders = make_models(Path(tmp), max(cfg["prompts"]) + cfg["new_tokens"] + 8,
-                              size=cfg.get("size", "small"))  # fmt: skip
+        folders = {}
+        for name in models:
+            on_line(f"making {name}")
+            out["models"][name] = make_model(
+                Path(tmp) / name, name, max(cfg["prompts"]) + cfg["new_tokens"] + 8,
+                cfg["seed"], cfg.get("size", "small"))  # fmt: skip
+            folders[name] = out["models"][name].pop("path")
         for fw in cfg["frameworks"]:
-            on_line(f"{fw}: generating")
-            result = _run_worker(fw, cfg, {k: str(v) for k, v in folders.items()}, Path(tmp))
-            out["frameworks"][fw] = {k: v for k, v in result.items() if k != "rows"}
-            out["rows"] += [{"framework": fw, **r} for r in result.get("rows", [])]
+            info: dict[str, Any] = {"status": "ran", "loads": {}, "decisions": [],
+                                    "processes": {}}  # fmt: skip
+            for name in models:
+                on_line(f"{fw}: {name}")
+                result = _run_worker(fw, {**cfg, "models": [name]}, folders, Path(tmp))
+                info["processes"][name] = {k: result[k] for k in ("status", "reason")
+                                           if k in result}  # fmt: skip
+                if result["status"] != "ran" and info["status"] == "ran":
+                    info.update(status=result["status"], reason=f"{name}: {result['reason']}")
+                info["backend"] = result.get("backend", info.get("backend"))
+                info["loads"].update(result.get("loads", {}))
+                info["decisions"] += result.get("decisions", [])
+                out["rows"] += [{"framework": fw, **r} for r in result.get("rows", [])]
+            out["frameworks"][fw] = info
     return out
 
 
@@ -243,24 +380,78 @@ def _run_worker(framework: str, cfg: dict, folders: dict, tmp: Path) -> dict:
     return {"status": "ran", **json.loads(result_path.read_text())}
 
 
+def _gb(nbytes: float | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 1e9:.2f}"
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.2f}"
+
+
+def _bound(section: dict, row: dict) -> float | None:
+    """The row's `bandwidth_bound` (None without the bandwidth or the model's bytes)."""
+    info = section.get("models", {}).get(row["model"], {})
+    bandwidth = section.get("bandwidth", {}).get("gb_per_s")
+    if not info.get("weight_bytes") or not bandwidth:
+        return None
+    return bandwidth_bound(info["weight_bytes"], bandwidth, row["batch"])
+
+
 def print_decode(section: dict, console: Any) -> None:
+    """The bandwidth and each model's bytes, the loading table (load seconds, memory
+    added, first call) and the decoding table (prefill, tokens/s, the ratio to
+    transformers in the same process and the fraction of the bandwidth bound)."""
     from rich.table import Table
 
     cfg = section["config"]
+    bw = section.get("bandwidth")
+    if bw:
+        console.print(
+            f"Read bandwidth: {bw['gb_per_s']:.1f} GB/s (NumPy sums of {bw['bytes'] / 2**30:g}"
+            f" GiB on {bw['threads']} threads, median of {bw['repeats']}); bound = batch x "
+            "bandwidth / the weights' bytes (read once per step)", markup=False,
+        )  # fmt: skip
+    for name, info in section.get("models", {}).items():
+        console.print(
+            f"{name}: {info['parameters'] / 1e6:.0f} M parameters, {info['dtype']}, weights "
+            f"{_gb(info['weight_bytes'])} GB (tied counted once)" + (
+                f", bound {bandwidth_bound(info['weight_bytes'], bw['gb_per_s'], 1):.1f} "
+                "tokens/s at batch 1" if bw else ""), markup=False,
+        )  # fmt: skip
+    loads = Table(title="Loading (from_pretrained) and the first generate after it; "
+                  "transformers' (hf) in the same process")  # fmt: skip
+    for col in ("model", "framework", "dtype", "load s", "added GB", "x weights",
+                "peak added GB", "first call s", "hf load s", "hf added GB",
+                "hf first call s"):  # fmt: skip
+        loads.add_column(col, justify="left" if col in ("model", "framework", "dtype")
+                         else "right")  # fmt: skip
+    for fw, info in section["frameworks"].items():
+        for name, load in info.get("loads", {}).items():
+            weights = section.get("models", {}).get(name, {}).get("weight_bytes")
+            added, hf = load.get("rss_added"), load.get("transformers", {})
+            loads.add_row(
+                name, fw, str(load.get("dtype")), _s(load.get("load_s")), _gb(added),
+                f"{added / weights:.2f}" if added is not None and weights else "-",
+                _gb(load.get("peak_added")), _s(load.get("first_call_s")),
+                _s(hf.get("load_s")), _gb(hf.get("rss_added")), _s(hf.get("first_call_s")),
+            )  # fmt: skip
+    if loads.row_count:
+        console.print(loads)
     table = Table(
         title=f"Greedy decoding, {cfg['new_tokens']} new tokens (median of {cfg['repeats']})"
     )
     for col in ("model", "prompt", "batch", "framework", "implementation", "prefill ms",
-                "tokens/s", "x transformers"):  # fmt: skip
+                "tokens/s", "x transformers", "x bound"):  # fmt: skip
         table.add_column(col, justify="right" if col not in ("model", "framework") else "left")
     hf = {_case(r, framework=True): r["tokens_per_s"] for r in section["rows"]
           if r["implementation"] == "transformers"}  # fmt: skip
     for r in sorted(section["rows"], key=_case):
-        base, rate = hf.get(_case(r, framework=True)), r["tokens_per_s"]
+        base, rate, bound = hf.get(_case(r, framework=True)), r["tokens_per_s"], _bound(section, r)
         table.add_row(
             r["model"], str(r["prompt"]), str(r["batch"]), r["framework"], r["implementation"],
             f"{r['prefill_ms']:.1f}", "noise" if rate is None else f"{rate:.0f}",
             f"{rate / base:.2f}" if base and rate is not None else "",
+            f"{rate / bound:.2f}" if bound and rate is not None else "",
         )  # fmt: skip
     console.print(table)
     for fw, info in section["frameworks"].items():

@@ -5,7 +5,7 @@ other; inside a worker the implementations are timed interleaved. The parent tur
 raw times into medians, ratios, GFLOP/s and memory, prints a table and writes JSON and a
 plot. ``--long`` instead runs `multiattn.bench.long`: long-sequence attention, one
 process per length; ``--decode`` runs `multiattn.bench.decode`: greedy ``generate`` of
-GPT-2- and Llama-shaped models beside transformers'.
+GPT-2-, Llama- and Qwen2-shaped models beside transformers'.
 """
 
 from __future__ import annotations
@@ -138,17 +138,22 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument(
         "--decode",
         action="store_true",
-        help="instead: greedy generate of GPT-2- and Llama-shaped models against transformers",
+        help="instead: greedy generate of GPT-2-, Llama- and Qwen2-shaped models against "
+        "transformers, with each load's seconds and memory, the first call, and the "
+        "memory-bandwidth bound (the machine's read bandwidth, measured)",
     )
     dec.add_argument("--decode-prompts", help="comma-separated prompt lengths (default 128,512)")
     dec.add_argument("--decode-batches", help="comma-separated batch sizes (default 1,8)")
     dec.add_argument("--decode-new-tokens", type=positive_int,
                      help="new tokens (default 64; --decode-size real 32)")  # fmt: skip
     dec.add_argument("--decode-size", choices=("small", "real"), default="small",
-                     help="small: width-256 models of 4 layers (default); real: GPT-2 small "
-                     "(124 M) and Qwen2-0.5B shapes (default prompts 128, batches 1,8)")  # fmt: skip
-    dec.add_argument("--decode-models", default="gpt2,llama",
-                     help="comma-separated models of --decode (default gpt2,llama)")  # fmt: skip
+                     help="small: every model of width 256, 4 layers (default); real: each "
+                     "model at its real shape (default prompts 128,512, batches 1,8)")  # fmt: skip
+    dec.add_argument("--decode-models",
+                     help="comma-separated models of --decode: gpt2 (GPT-2 small at real "
+                     "size, float32), llama (Qwen2-0.5B's shape as a Llama model, float32), "
+                     "qwen2 (Qwen2-0.5B, bfloat16), llama1b (Llama-3.2-1B, bfloat16); "
+                     "default gpt2,llama, --decode-size real gpt2,qwen2,llama1b")  # fmt: skip
     dec.add_argument("--decode-with", action="append", default=[], metavar="NAME=VALUE,...",
                      help="also run each case under multiattn.config.settings(NAME=VALUE, ...), "
                      "side by side with the defaults (repeatable; values: true, false, none, "
@@ -156,14 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _models_arg(parser: argparse.ArgumentParser, raw: str) -> list[str]:
-    from .decode import MODELS
+def _models_arg(parser: argparse.ArgumentParser, raw: str | None, size: str) -> list[str]:
+    from .decode import DEFAULT_MODELS, MODELS
 
+    if raw is None:
+        return list(DEFAULT_MODELS[size])
     models = [m.strip() for m in raw.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
         parser.error(f"--decode-models: expected some of {', '.join(MODELS)}; received {raw!r}")
-    return models
+    return list(dict.fromkeys(models))
 
 
 def _settings_arg(parser: argparse.ArgumentParser, raw: str) -> dict[str, Any]:
@@ -213,8 +220,7 @@ def decode_config(args: argparse.Namespace, parser: argparse.ArgumentParser, cfg
 
     return {
         "prompts": _int_list(parser, "--decode-prompts",
-                             args.decode_prompts or ("16,32" if quick else
-                                                     "128" if real else "128,512")),
+                             args.decode_prompts or ("16,32" if quick else "128,512")),
         "batches": _int_list(parser, "--decode-batches",
                              args.decode_batches or ("1,2" if quick else "1,8")),
         "new_tokens": new,
@@ -224,8 +230,12 @@ def decode_config(args: argparse.Namespace, parser: argparse.ArgumentParser, cfg
         "size": args.decode_size,
         "autotune": args.autotune,
         "with": [_settings_arg(parser, v) for v in args.decode_with],
-        "models": _models_arg(parser, args.decode_models),
-        "timeout": 3600.0,
+        "models": _models_arg(parser, args.decode_models, args.decode_size),
+        # per process (a framework and a model); at real size the prompt-512 batch-8
+        # prefills of the 1B model take minutes each on 2 cores
+        "timeout": 4 * 3600.0 if real else 3600.0,
+        # the read bandwidth's array: well above a last-level cache (--quick: 256 MiB)
+        "bandwidth_bytes": (256 if quick else 1024) << 20,
     }  # fmt: skip
 
 
