@@ -132,8 +132,10 @@ def check(names: list[str], frameworks: list[str], dtype: str, timeout: float) -
     cases = []
     for name in names:
         inputs, want = load_expected(DIRECTORY / name)
+        config = json.loads((DIRECTORY / name / "config.json").read_text())
         cases.append({"name": name, "model": DIRECTORY / name, "inputs": inputs, "want": want,
-                      "tokens": TOKENS if "generated_ids" in want else 0})  # fmt: skip
+                      "tokens": TOKENS if "generated_ids" in want else 0, "config": config,
+                      "reference": "transformers"})  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="multiattn-families-") as tmp:
         report["families"] = mc.run_frameworks(cases, frameworks, dtype, timeout, Path(tmp))
     for case in cases:  # every stored output must have been compared
@@ -151,13 +153,17 @@ def _print(report: dict) -> None:
     frameworks = sorted({f for rows in report["families"].values() for f in rows},
                         key=mc.FRAMEWORKS.index)  # fmt: skip
     table = Table(title=f"model families against transformers in float64 (stored), "
-                  f"{report['dtype']}: largest relative error / greedy tokens")  # fmt: skip
+                  f"{report['dtype']}: largest relative error / greedy tokens (bounds "
+                  f"below)")  # fmt: skip
     table.add_column("family")
     for f in frameworks:
         table.add_column(f)
     for family, rows in report["families"].items():
         table.add_row(family, *(_cell(rows.get(f, {})) for f in frameworks))
-    Console(width=max(120, Console().width)).print(table)
+    console = Console(width=max(120, Console().width))
+    console.print(table)
+    for line in mc.bound_lines(report["families"]):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
     if report["tampered"]:
         print(f"TAMPERED fixture files: {', '.join(report['tampered'])}")
 

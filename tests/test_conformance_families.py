@@ -83,3 +83,16 @@ def test_expected_outputs_are_float64_and_tokens_are_ints():
         for key, value in outputs.items():
             want = np.integer if key == "generated_ids" else np.float64
             assert np.issubdtype(value.dtype, want), (name, key, value.dtype)
+
+
+def test_float64_rotary_families_agree_on_paddle_under_the_bound_they_name(tmp_path):
+    report_path = tmp_path / "families.json"
+    proc = _run("gpt2,llama", "--frameworks", "paddle", "--dtype", "float64",
+                "--json", str(report_path), "--timeout", HUNG_AFTER)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    llama, gpt2 = report["families"]["llama"]["paddle"], report["families"]["gpt2"]["paddle"]
+    # transformers' float32 rotary tables and norms: an error far above float64's
+    assert llama["agree"] and llama["outputs"]["logits"]["relative"] > 1e-9
+    assert "rotary angles" in llama["basis"] and gpt2["tolerance"] == 1e-9
+    assert "bound for llama on paddle" in proc.stdout and "rotary angles" in proc.stdout

@@ -153,3 +153,86 @@ def test_without_transformers_the_reference_is_numpy_in_float64(bert_folder, mon
     assert res["status"] == "ran" and res["agree"], res
     # float32 against float64 of the same definition: rounding apart, not equal
     assert all(0 < r["relative"] < 1e-5 for r in res["outputs"].values())
+
+
+def _family_case(name: str) -> tuple[dict, dict]:
+    from multiattn.conformance import families
+
+    folder = families.DIRECTORY / name
+    return json.loads((folder / "config.json").read_text()), families.load_expected(folder)[0]
+
+
+def test_float64_bounds_follow_what_transformers_computes_in_float32():
+    eps = 2.0**-23  # float32's spacing at 1
+    # Llama (1 layer, prompt of 6): transformers rounds 3 RMS norms and 1 layer of rotary
+    # angles (up to position 5, an error growing with the position) to float32
+    config, inputs = _family_case("llama")
+    assert config["num_hidden_layers"] == 1 and inputs["input_ids"].shape[1] == 6
+    bound = mc.tolerance(config, inputs, "float64", "torch", "transformers")
+    assert bound["tolerance"] == pytest.approx(1e-9 + 8 * eps * (3 + 6))
+    assert "3 RMS norms" in bound["basis"] and "6 rotary angles" in bound["basis"]
+    assert 2.9e-7 < bound["tolerance"] < 1e-4  # the measured error passes, a real bug fails
+    longer = {**inputs, "input_ids": np.zeros((2, 101), np.int64)}
+    assert mc.tolerance(config, longer, "float64", "torch", "transformers")["tolerance"] == (
+        pytest.approx(1e-9 + 8 * eps * (3 + 101))
+    )
+    # T5 (1 layer each side): the variances of 2 + 1 encoder and 3 + 1 decoder norms
+    config, inputs = _family_case("t5")
+    bound = mc.tolerance(config, inputs, "float64", "jax", "transformers")
+    assert bound["tolerance"] == pytest.approx(1e-9 + 8 * eps * 7)
+    # GPT-2 and BERT: transformers stays in float64, so does the bound
+    for name in ("gpt2", "bert"):
+        config, inputs = _family_case(name)
+        assert mc.tolerance(config, inputs, "float64", "paddle", "transformers") == {
+            "tolerance": 1e-9,
+            "basis": "1.0e-09 float64 arithmetic",
+        }
+
+
+def test_float64_bounds_follow_the_frameworks_own_arithmetic():
+    config, inputs = _family_case("bert")
+    # TensorFlow's float64 exact GELU is off by up to about 5e-9 (one per layer)
+    tf = mc.tolerance(config, inputs, "float64", "tensorflow", "transformers")
+    assert tf["tolerance"] == pytest.approx(1e-9 + 8 * 5.1e-9) and "GELU" in tf["basis"]
+    # Keras' NumPy backend computes float64 in float32: float32's bound
+    assert mc.tolerance(config, inputs, "float64", "numpy", "transformers")["tolerance"] == 1e-4
+    assert mc.tolerance(config, inputs, "float32", "jax", "transformers")["tolerance"] == 1e-4
+    # without transformers the reference is that same float32 arithmetic
+    fallback = mc.tolerance(config, inputs, "float64", "jax", "numpy")
+    assert fallback["tolerance"] == pytest.approx(1e-9 + 1e-4)
+
+
+def test_the_console_names_each_bound_and_the_first_line_of_each_failure():
+    rows = {
+        "llama": {
+            "jax": {"status": "ran", "agree": True, "tolerance": 8.6e-6, "basis": "b1"},
+            "torch": {"status": "ran", "agree": True, "tolerance": 8.6e-6, "basis": "b1"},
+            "numpy": {
+                "status": "ran",
+                "agree": False,
+                "tolerance": 1e-4,
+                "basis": "b2",
+                "outputs": {"logits": {"max_abs": 1.0, "relative": 0.5}},
+            },
+            "paddle": {"status": "error", "reason": "ValueError: bad\nsecond line"},
+        }
+    }
+    lines = mc.bound_lines(rows)
+    assert "bound for llama on jax, torch: 8.6e-06 (b1)" in lines
+    assert "bound for llama on numpy: 1.0e-04 (b2)" in lines
+    assert "FAILED llama on numpy: logits: relative error 5.00e-01 > 1.0e-04" in lines
+    assert "FAILED llama on paddle: ValueError: bad" in lines
+    assert not any("second line" in line for line in lines)
+
+
+def test_a_float64_t5_folder_agrees_with_transformers_under_the_bound_it_names(tmp_path):
+    from multiattn.conformance import families
+
+    report_path = tmp_path / "r.json"
+    proc = _cli("--model", str(families.DIRECTORY / "t5"), "--frameworks", "torch",
+                "--dtype", "float64", "--json", str(report_path), "--timeout", "300")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(report_path.read_text())["frameworks"]["torch"]
+    assert res["agree"] and "RMS norm variances" in res["basis"]
+    assert max(r["relative"] for r in res["outputs"].values() if "relative" in r) > 1e-9
+    assert "bound for" in proc.stdout and "RMS norm variances" in proc.stdout
