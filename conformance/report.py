@@ -23,6 +23,23 @@ def case_error(event: dict) -> tuple[float, float]:
     return abs_err, rel_err
 
 
+def failure_reason(event: dict) -> str:
+    """Why a failed or errored case event failed, in one line: the first line of the error
+    it raised, or each array outside its tolerance (missing, of another shape, or its
+    relative error over the tolerance)."""
+    if event.get("reason"):
+        return (str(event["reason"]).strip().splitlines() or [""])[0]
+    bad = []
+    for key, m in (event.get("metrics") or {}).items():
+        if m.get("missing"):
+            bad.append(f"{key}: {m.get('reason', 'not returned')}")
+        elif "expected_shape" in m:
+            bad.append(f"{key}: shape {m['shape']}, expected {m['expected_shape']}")
+        elif not m.get("ok", True):
+            bad.append(f"{key}: relative error {m['max_rel']:.1e} > {m['tol']:.0e}")
+    return "; ".join(bad) or event.get("status", "")
+
+
 def family_rows(results: dict[str, dict]) -> list[dict]:
     rows = []
     for target, res in results.items():

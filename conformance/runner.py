@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import fixtures
-from .report import print_table, write_html, write_json
+from .report import failure_reason, print_table, write_html, write_json
 from .targets import TargetSpec, all_targets
 
 DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -261,6 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="multiattn conformance",
         description="Run the shared fixtures against every framework target and report the errors.",
+        epilog="Whole models: 'multiattn conformance --families [NAMES] [--frameworks LIST] "
+        "[--dtype float32|float64]' checks the shipped model-family cases (bert, vit, gpt2, "
+        "llama, qwen2, mistral, t5) against transformers' stored float64 outputs; "
+        "'multiattn conformance --model DIR [--frameworks LIST] [--dtype float32|float64]' "
+        "checks a Hugging Face model folder of your own against transformers. --frameworks "
+        "is a comma-separated subset of jax,torch,tensorflow,numpy,paddle. Each has its own "
+        "--help ('multiattn conformance --families --help', 'multiattn conformance --model "
+        "DIR --help').",
     )
     parser.add_argument(
         "--targets",
@@ -272,7 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="MODULE:CALLABLE",
-        help="also run your own implementation (see docs/conformance.md); repeatable",
+        help="run your own implementation (see docs/conformance.md); repeatable. Only the "
+        "targets given run: alone, instead of the built-in ones; with --targets, beside the "
+        "ones it names",
     )
     parser.add_argument(
         "--cases", default="*", help="comma-separated glob(s) of case names, e.g. 'sdpa_*_f32'"
@@ -339,6 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     restore = _raise_on_sigterm()
     try:
         return _main(argv, workers)
+    except BrokenPipeError:  # the reader of stdout is gone (`... | head`): end quietly
+        stopped = workers.stop_all()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail
+        return EXIT_FAILED if stopped or not _listing(argv) else 0
     except (KeyboardInterrupt, Terminated) as stop:
         stopped = workers.stop_all()
         interrupted = isinstance(stop, KeyboardInterrupt)
@@ -350,6 +365,26 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED if interrupted else EXIT_TERMINATED
     finally:
         restore()
+
+
+def _console_class():
+    """rich's Console, except that a closed stdout raises `BrokenPipeError` (rich's own
+    answer is exit status 1), for `main` to end the run as it should."""
+    from rich.console import Console
+
+    class RunnerConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return RunnerConsole
+
+
+def _listing(argv: list[str] | None) -> bool:
+    """Whether the command only lists (``--list``, ``--list-cases``): a listing cut short
+    by its reader (``| head``) did what was asked; a run cut short did not finish."""
+    args = sys.argv[1:] if argv is None else argv
+    return any(a in ("--list", "--list-cases") for a in args)
 
 
 def _raise_on_sigterm():
@@ -366,7 +401,6 @@ def _raise_on_sigterm():
 
 
 def _main(argv: list[str] | None, workers: Workers) -> int:
-    from rich.console import Console
     from rich.markup import escape
 
     parser = build_parser()
@@ -379,7 +413,8 @@ def _main(argv: list[str] | None, workers: Workers) -> int:
         parser.error(f"--jobs must be at least 1; received {args.jobs}")
     if not args.timeout > 0 or args.timeout == float("inf"):
         parser.error(f"--timeout must be a positive number of seconds; received {args.timeout:g}")
-    console = Console() if sys.stdout.isatty() else Console(width=120)
+    console_class = _console_class()
+    console = console_class() if sys.stdout.isatty() else console_class(width=120)
     if args.list_cases:
         print_cases(console)
         return 0
@@ -453,10 +488,7 @@ def _main(argv: list[str] | None, workers: Workers) -> int:
     if args.html:
         write_html(results, args.html, meta)
     failed = [
-        (t, e["case"])
-        for t, r in results.items()
-        for e in r["cases"]
-        if e["status"] in ("fail", "error")
+        (t, e) for t, r in results.items() for e in r["cases"] if e["status"] in ("fail", "error")
     ]
     by_status: dict[str, list[str]] = {}
     for t, r in results.items():
@@ -468,8 +500,13 @@ def _main(argv: list[str] | None, workers: Workers) -> int:
         for e in r["cases"]
         if e["status"] in ("pass", "depart", "fail", "error")
     )
-    for target, case in failed[:20]:
-        console.print(f"[red]FAILED[/] {target} {case}")
+    for target, event in failed[:20]:
+        reason = escape(failure_reason(event))
+        console.print(
+            f"[red]FAILED[/] {target} {event['case']}: {reason}", highlight=False, soft_wrap=True
+        )
+    if len(failed) > 20:
+        console.print(f"... and {len(failed) - 20} more failed case runs (--json has them all)")
     for status, label in (("crashed", "crashed"), ("hung", "hung"), ("tampered", "tampered")):
         if by_status.get(status):
             console.print(f"[red]{label} targets:[/] {', '.join(by_status[status])}")

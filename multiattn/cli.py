@@ -19,7 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--backends", default="jax,torch,tensorflow,numpy", help="comma-separated Keras backends"
     )
-    sub.add_parser("conformance", help="run the cross-framework conformance suite", add_help=False)
+    sub.add_parser(
+        "conformance",
+        help="run the cross-framework conformance suite; --families and --model check whole "
+        "models (multiattn conformance --help)",
+        add_help=False,
+    )
     sub.add_parser(
         "bench", help="time multiattn against each framework's own attention", add_help=False
     )

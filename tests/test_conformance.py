@@ -330,6 +330,13 @@ class Forge:
         return {"output": case.expected["output"] + 1.0}
 
 
+class Raise:
+    name = "raise"
+
+    def run(self, case):
+        raise ValueError("the kernel refused this mask\\nsecond line of the message")
+
+
 class NoCase:
     name = "no-case"
 
@@ -652,3 +659,38 @@ def test_generating_the_shipped_fixtures_updates_the_pin(tmp_path, monkeypatch):
     assert any("regenerate the fixtures to update the pin" in p for p in generate.check(shipped))
     with pytest.raises(fixtures.TamperedError, match="pins"):
         fixtures.verify()
+
+
+def test_the_console_gives_the_first_line_of_each_failures_reason(fake_targets):
+    env, _ = fake_targets
+    proc = run_conformance("--target", "fake_targets:Raise", "--target", "fake_targets:Forge",
+                           "--cases", "masked_softmax_plain_f32", env=env)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())  # the console may wrap a long line
+    assert "FAILED user-1:fake_targets:Raise masked_softmax_plain_f32: ValueError: the kernel " \
+           "refused this mask" in out  # fmt: skip
+    assert "second line" not in out  # the rest is in --json
+    assert "FAILED user-2:fake_targets:Forge masked_softmax_plain_f32: output: relative " \
+           "error" in out  # fmt: skip
+
+
+def test_help_names_the_whole_model_checks_and_what_target_runs():
+    proc = run_conformance("--help")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    for option in ("--model", "--families", "--frameworks", "--dtype"):
+        assert option in text
+    assert "also run" not in text and "Only the targets given run" in text
+
+
+@pytest.mark.parametrize("listing", ["--list-cases", "--list"])
+def test_a_listing_whose_reader_has_gone_ends_quietly(listing):
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line (as `| head` once it has read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "multiattn.conformance", listing],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr
