@@ -345,3 +345,11 @@ def check_bool(where: str, name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{where}: `{name}` must be a bool; received {describe(value)}.")
     return value
+
+
+def is_floating(dtype: Any) -> bool:
+    """Whether ``dtype`` (a NumPy dtype or an array's) is a floating dtype NumPy holds:
+    float16, float32, float64 or ml_dtypes' bfloat16 (which NumPy lists as kind ``V``;
+    ml_dtypes' float8 types are not included)."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype.name == "bfloat16"

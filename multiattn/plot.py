@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import is_floating
+
 __all__ = ["heatmaps"]
 
 
@@ -104,7 +106,7 @@ def heatmaps(
             titles do not match its shape.
     """
     arr = _to_numpy(weights)
-    if arr.dtype.kind not in "fiub" and "bfloat16" not in str(arr.dtype):
+    if arr.dtype.kind not in "iub" and not is_floating(arr.dtype):
         raise TypeError(f"heatmaps: `weights` must be numeric; received dtype {arr.dtype}.")
     arr = arr.astype(np.float64)
     if arr.ndim not in (2, 3, 4):

@@ -193,7 +193,8 @@ def test_unknown_model_type_lists_the_supported(tmp_path):
         ({"rotary_value": True}, "config option `rotary_value` is not implemented"),
         ({"num_attention_heads": 3}, "divisible"),
         ({"vocab_size": 0}, "`vocab_size` must be a positive integer"),
-        ({"layer_norm_eps": -1}, "`layer_norm_eps` must be a positive number"),
+        ({"layer_norm_eps": -1}, "`layer_norm_eps` must be a positive finite number"),
+        ({"layer_norm_eps": float("inf")}, "`layer_norm_eps` must be a positive finite number"),
     ],
 )
 def test_bert_config_refusals(tmp_path, change, match):
@@ -248,7 +249,10 @@ def test_unexpected_tensor_is_named(tmp_path):
 
 def test_integer_weights_refused(tmp_path):
     state = {**bert_state(), "embeddings.LayerNorm.bias": np.zeros(8, np.int32)}
-    with pytest.raises(ValueError, match=r"'embeddings\.LayerNorm\.bias' must be floating"):
+    with pytest.raises(
+        ValueError,
+        match=r"'embeddings\.LayerNorm\.bias' has dtype int32; multiattn loads weights of",
+    ):
         read_folder(write(tmp_path / "m", state=state))
 
 
@@ -392,3 +396,110 @@ def test_modules_import_no_framework():
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert hf_files.SAFETENSORS == "model.safetensors"
+
+
+# --- dtypes, and the Hugging Face cache layout ------------------------------------------
+
+
+def _raw_safetensors(path: Path, tensors: dict[str, tuple[str, tuple, bytes]]) -> None:
+    """A safetensors file written by hand (8-byte header length, JSON header, data), for
+    dtypes NumPy cannot make: ``name -> (dtype tag, shape, raw bytes)``."""
+    header, data = {}, b""
+    for name, (tag, shape, raw) in tensors.items():
+        header[name] = {
+            "dtype": tag,
+            "shape": list(shape),
+            "data_offsets": [len(data), len(data) + len(raw)],
+        }
+        data += raw
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+
+
+def test_a_float8_weight_is_refused_naming_the_tensor_and_its_dtype(tmp_path):
+    folder = write(tmp_path / "m")
+    state = bert_state()
+    name = "embeddings.LayerNorm.weight"
+    tensors = {k: ("F32", v.shape, v.tobytes()) for k, v in state.items()}
+    tensors[name] = ("F8_E4M3", (8,), bytes(8))
+    _raw_safetensors(folder / "model.safetensors", tensors)
+    with pytest.raises(ValueError, match=rf"tensor '{name}' has dtype F8_E4M3; multiattn loads"):
+        read_folder(folder)
+
+
+def test_a_bfloat16_folder_is_read_in_bfloat16_without_reading_its_data(tmp_path):
+    import ml_dtypes
+
+    state = {k: v.astype(ml_dtypes.bfloat16) for k, v in bert_state().items()}
+    loaded = read_folder(write(tmp_path / "m", config={**BERT_CONFIG, "dtype": "bfloat16"},
+                               state=state))  # fmt: skip
+    assert set(loaded.dtypes.values()) == {"bfloat16"}
+    assert hf_files.checkpoint_dtype(loaded.config, loaded.dtypes, "t") == "bfloat16"
+    word = loaded.weights["embeddings/word"]
+    assert word.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(word.view(np.uint16),
+                                  state["embeddings.word_embeddings.weight"].view(np.uint16))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "dtypes", "want"),
+    [
+        ({"dtype": "bfloat16"}, {"a": "bfloat16", "b": "bfloat16"}, "bfloat16"),
+        ({"torch_dtype": "float16"}, {"a": "float16"}, "float16"),  # transformers 4's key
+        ({}, {"a": "float16"}, "float16"),  # no key: the tensors' dtype
+        ({}, {"a": "float16", "b": "bfloat16"}, "float32"),  # mixed, no key: float32
+        ({"dtype": "float32"}, {"a": "bfloat16"}, "float32"),  # widening loses nothing
+        ({"dtype": "bfloat16"}, {"a": "bfloat16", "ids": "int64"}, "bfloat16"),  # buffers
+    ],
+)
+def test_checkpoint_dtype_follows_the_config_then_the_tensors(config, dtypes, want):
+    assert hf_files.checkpoint_dtype(config, dtypes, "t") == want
+
+
+@pytest.mark.parametrize(
+    ("config", "dtypes", "match"),
+    [
+        ({"dtype": "bfloat16"}, {"w": "float32"}, r"tensor 'w' is float32 but .*would lose"),
+        ({"dtype": "float16"}, {"w": "bfloat16"}, r"tensor 'w' is bfloat16 but"),
+        ({"dtype": "auto"}, {"w": "float32"}, r"`dtype` must be one of .*received 'auto'"),
+        ({"torch_dtype": "int8"}, {"w": "float32"}, r"`torch_dtype` must be one of"),
+    ],
+)
+def test_checkpoint_dtype_refuses_a_lossy_or_unknown_dtype(config, dtypes, match):
+    with pytest.raises(ValueError, match=match):
+        hf_files.checkpoint_dtype(config, dtypes, "t")
+
+
+def _cache_snapshot(tmp_path: Path) -> Path:
+    """``repo/snapshots/rev`` whose files are links into ``repo/blobs``, as the Hugging
+    Face cache lays out a downloaded model."""
+    source = write(tmp_path / "source")
+    repo = tmp_path / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    for i, name in enumerate(("config.json", "model.safetensors")):
+        (repo / "blobs" / f"blob{i}").write_bytes((source / name).read_bytes())
+        (snapshot / name).symlink_to(Path("..", "..", "blobs", f"blob{i}"))
+    return snapshot
+
+
+def test_a_cache_snapshot_whose_links_lead_into_its_blobs_loads(tmp_path):
+    loaded = read_folder(_cache_snapshot(tmp_path))
+    np.testing.assert_array_equal(loaded.weights["embeddings/word"],
+                                  bert_state()["embeddings.word_embeddings.weight"])  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["other repository's blobs", "repository outside blobs"])
+def test_a_cache_snapshot_link_anywhere_else_is_refused(tmp_path, where):
+    snapshot = _cache_snapshot(tmp_path)
+    if where == "other repository's blobs":
+        elsewhere = tmp_path / "models--org--other" / "blobs"
+    else:
+        elsewhere = snapshot.parent.parent / "refs"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "weights").write_bytes((snapshot / "model.safetensors").read_bytes())
+    (snapshot / "model.safetensors").unlink()
+    (snapshot / "model.safetensors").symlink_to(elsewhere / "weights")
+    with pytest.raises(ValueError, match="outside the model folder"):
+        read_folder(snapshot)

@@ -11,6 +11,7 @@ it without importing one another in a circle.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,9 +106,12 @@ def _int(raw: dict, key: str, where: str, default: Any = None) -> int:
 
 
 def _positive(raw: dict, key: str, where: str, default: Any = None) -> float:
+    """A positive, finite number (JSON's ``Infinity`` or ``1e999`` as a norm epsilon or a
+    rotary base leaves the model without meaning)."""
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{where}: `{key}` must be a positive number; received {value!r}.")
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+            or not math.isfinite(value)):  # fmt: skip
+        raise ValueError(f"{where}: `{key}` must be a positive finite number; received {value!r}.")
     return float(value)
 
 

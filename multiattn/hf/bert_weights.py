@@ -24,8 +24,9 @@ all-MiniLM-L6-v2) is found by `minilm_dir`.
 
 Every file is read from inside the model folder: a path in ``modules.json`` that leads out
 of it (``../..``, an absolute path) or a file that is a symbolic link to somewhere outside
-it is refused (a Hugging Face cache snapshot, whose files link into ``../../blobs``, is read
-by passing ``root``, the folder the links may lead into). Missing or malformed keys of the
+it is refused, except the links of a Hugging Face cache snapshot
+(``<repo>/snapshots/<revision>``) into its repository's ``blobs`` folder (`cache_blobs`);
+``root`` names another folder the links may lead into. Missing or malformed keys of the
 JSON files are named in the error.
 """
 
@@ -146,18 +147,31 @@ def _positive_int(raw: dict, key: str, where: str) -> int:
     return value
 
 
+def cache_blobs(model_dir: str | Path) -> Path | None:
+    """The ``blobs`` folder of the Hugging Face cache repository whose snapshot
+    ``model_dir`` is (``<repo>/snapshots/<revision>``, its files symbolic links into
+    ``<repo>/blobs``), or None for any other folder."""
+    folder = Path(model_dir).resolve()
+    blobs = folder.parent.parent / "blobs"
+    return blobs if folder.parent.name == "snapshots" and blobs.is_dir() else None
+
+
 def _inside(model_dir: Path, relative: str | Path, where: str, root: Path | None = None) -> Path:
     """``model_dir / relative``, refused unless it stays inside ``root`` (default
-    ``model_dir``) once ``..`` and symbolic links are resolved."""
+    ``model_dir``) or, for a cache snapshot, inside its `cache_blobs`, once ``..`` and
+    symbolic links are resolved."""
     if not isinstance(relative, (str, Path)):
         raise ValueError(f"{where}: a path must be a string; received {relative!r}.")
-    base = Path(model_dir).resolve()
-    limit = base if root is None else Path(root).resolve()
+    limits = [Path(model_dir if root is None else root).resolve()]
+    blobs = cache_blobs(model_dir)
+    limits += [blobs] if blobs is not None else []
     target = (Path(model_dir) / relative).resolve()
-    if not (target == limit or target.is_relative_to(limit)):
+    if not any(target == limit or target.is_relative_to(limit) for limit in limits):
+        allowed = " or ".join(repr(str(limit)) for limit in limits)
         raise ValueError(
             f"{where}: {str(relative)!r} leads to {str(target)!r}, outside the model folder "
-            f"{str(limit)!r}; refused (pass `root` to allow a folder the links may lead into)."
+            f"{allowed}; refused (only a Hugging Face cache snapshot's links into its "
+            "repository's blobs/ folder may leave the folder)."
         )
     return target
 

@@ -12,7 +12,6 @@ counts, the normalisation (``norm``: ``"layer"`` or ``"rms"``), the feed-forward
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..ops.rotary import check_rotary_scaling
@@ -28,17 +27,6 @@ def _bool(raw: dict, key: str, where: str, default: bool) -> bool:
     value = raw.get(key, default)
     if not isinstance(value, bool):
         raise ValueError(f"{where}: `{key}` must be a bool; received {value!r}.")
-    return value
-
-
-def _finite(raw: dict, key: str, where: str, default: float | None = None) -> float:
-    """A positive, finite number (`_positive`, and not infinite: JSON's ``Infinity`` or
-    ``1e999`` as a norm epsilon or a rotary base leaves the model without meaning)."""
-    value = _positive(raw, key, where, default)
-    if not math.isfinite(value):
-        raise ValueError(
-            f"{where}: `{key}` must be a positive finite number; received {raw.get(key)!r}."
-        )
     return value
 
 
@@ -76,7 +64,7 @@ def _gpt2_sizes(raw: dict, where: str) -> dict:
         "vocab_size": _int(raw, "vocab_size", where), "hidden_size": e,
         "num_layers": _int(raw, "n_layer", where), "num_heads": h,
         "intermediate_size": inner, "max_positions": _int(raw, "n_positions", where),
-        "epsilon": _finite(raw, "layer_norm_epsilon", where, 1e-5), "norm": "layer",
+        "epsilon": _positive(raw, "layer_norm_epsilon", where, 1e-5), "norm": "layer",
         "activation": "gelu_new", "gated": False, "attention_bias": True,
         "output_bias": True, "ffn_bias": True, "learned_positions": True,
         "tied": _bool(raw, "tie_word_embeddings", where, True), "fused_qkv": True,
@@ -182,7 +170,7 @@ def _rope(raw: dict, where: str) -> tuple[float, dict | None]:
         raise ValueError(f"{where}: `rope_parameters` must be an object; received {params!r}.")
     params = dict(params)
     theta = params.pop("rope_theta", raw.get("rope_theta", 10000.0))
-    theta = _finite({"rope_theta": theta}, "rope_theta", where)
+    theta = _positive({"rope_theta": theta}, "rope_theta", where)
     scaling = raw.get("rope_scaling") or params or None
     try:
         scaling = check_rotary_scaling(where, scaling, "rope_scaling")
@@ -209,7 +197,7 @@ def _llama_sizes(raw: dict, where: str) -> dict:
         "num_key_value_heads": kv, "head_dim": _int(raw, "head_dim", where, e // h),
         "intermediate_size": _int(raw, "intermediate_size", where),
         "max_positions": _int(raw, "max_position_embeddings", where),
-        "epsilon": _finite(raw, "rms_norm_eps", where, 1e-6), "rope_theta": theta,
+        "epsilon": _positive(raw, "rms_norm_eps", where, 1e-6), "rope_theta": theta,
         "rope_scaling": scaling, "tied": _bool(raw, "tie_word_embeddings", where, False),
     })  # fmt: skip
 

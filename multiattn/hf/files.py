@@ -18,13 +18,15 @@ import re
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ._tensors import FLOAT_DTYPES, Lazy, Tensors, pickle_tensors, safetensors_tensors
 from .bert_weights import _inside, _read_json
-from .families import Family, family_of, from_hf, to_hf
+from .families import Family, family_of, to_hf
 
 __all__ = ["Loaded", "check_state", "read_folder", "read_state", "write_folder"]
 
@@ -39,16 +41,19 @@ SIDE_FILES = ("generation_config.json",)
 
 @dataclass
 class Loaded:
-    """What `read_folder` found: the family, the raw config, its sizes, neutral weights
-    (``float`` arrays in the checkpoint's dtype), the task-head tensors left out and the
-    `SIDE_FILES` present (file name -> JSON object)."""
+    """What `read_folder` found: the family, the raw config, its sizes, the neutral
+    weights (a `Lazy` mapping of ``float`` arrays in the checkpoint's dtypes, each read
+    from the file when looked up), the task-head tensors left out, the `SIDE_FILES`
+    present (file name -> JSON object) and each tensor's dtype (name -> dtype name, from
+    the headers; see `checkpoint_dtype`)."""
 
     family: Family
     config: dict
     sizes: dict
-    weights: dict
+    weights: Mapping
     ignored: list
     side_files: dict
+    dtypes: dict = field(default_factory=dict)
 
 
 def _regular(path: Path, where: str) -> Path:
@@ -59,12 +64,10 @@ def _regular(path: Path, where: str) -> Path:
     return path
 
 
-def _safetensors(path: Path, where: str) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-
+def _safetensors(path: Path, where: str) -> Tensors:
     _regular(path, where)
     try:
-        return load_file(path)
+        return safetensors_tensors(path)
     except Exception as err:  # safetensors raises its own error types
         raise ValueError(
             f"{where}: cannot read {path.name} ({type(err).__name__}: {err}); the file is "
@@ -72,49 +75,48 @@ def _safetensors(path: Path, where: str) -> dict[str, np.ndarray]:
         ) from None
 
 
-def _sharded(folder: Path, where: str) -> dict[str, np.ndarray]:
+def _sharded(folder: Path, where: str) -> Tensors:
     index = _read_json(_inside(folder, INDEX, where), where, dict)
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"{where}: {INDEX} must hold a non-empty object `weight_map`.")
-    state: dict[str, np.ndarray] = {}
+    state = None
     for shard in sorted(set(map(str, weight_map.values()))):
-        for name, value in _safetensors(_inside(folder, shard, where), where).items():
+        part = _safetensors(_inside(folder, shard, where), where)
+        for name in part:
             if weight_map.get(name) != shard:
                 raise ValueError(
                     f"{where}: tensor {name!r} is in {shard} but {INDEX} places it in "
                     f"{weight_map.get(name)!r}."
                 )
-            state[name] = value
+        state = part if state is None else state.union(part)
     missing = sorted(set(weight_map) - set(state))
     if missing:
         raise ValueError(f"{where}: {INDEX} lists tensor {missing[0]!r}, found in no shard.")
     return state
 
 
-def _pickle(path: Path, where: str, trust_pickle: bool) -> dict[str, np.ndarray]:
+def _pickle(path: Path, where: str, trust_pickle: bool) -> Tensors:
     if not trust_pickle:
         raise ValueError(
             f"{where}: the only weights are {PICKLE}, a Python pickle; reading a pickle can "
             "run arbitrary code. Pass trust_pickle=True only for a file you trust, or convert "
             "it to model.safetensors."
         )
-    import torch
-
     _regular(path, where)
-    try:  # even when trusted, only tensors are unpickled
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # even when trusted, only tensors are unpickled, memory-mapped
+        return pickle_tensors(path)
     except Exception as err:
-        raise ValueError(f"{where}: cannot read {PICKLE} ({type(err).__name__}: {err}).") from None
-    if not isinstance(state, dict):
-        raise ValueError(f"{where}: {PICKLE} must hold a state dict; received {type(state)}.")
-    return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy()
-            for k, v in state.items()}  # fmt: skip
+        raise ValueError(
+            f"{where}: cannot read {PICKLE} ({type(err).__name__}: {err}); it must be an "
+            "uncompressed zip of tensors as torch.save writes it."
+        ) from None
 
 
-def read_state(folder: Path, trust_pickle: bool = False) -> dict[str, np.ndarray]:
-    """The tensors of ``folder`` by name, from the first of ``model.safetensors``,
-    ``model.safetensors.index.json``, ``pytorch_model.bin`` that exists."""
+def read_state(folder: Path, trust_pickle: bool = False) -> Tensors:
+    """The tensors of ``folder`` by name (`Tensors`: from the headers; each read on
+    lookup), from the first of ``model.safetensors``, ``model.safetensors.index.json``,
+    ``pytorch_model.bin`` that exists."""
     where = f"from_pretrained({str(folder)!r})"
     if _inside(folder, SAFETENSORS, where).is_file():
         return _safetensors(_inside(folder, SAFETENSORS, where), where)
@@ -127,7 +129,15 @@ def read_state(folder: Path, trust_pickle: bool = False) -> dict[str, np.ndarray
     )
 
 
-def _base_state(family: Family, state: dict, where: str) -> tuple[dict, list]:
+def as_tensors(state: Mapping) -> Tensors:
+    """``state`` as `Tensors` (a plain dict of arrays: shapes and dtypes from the arrays)."""
+    if isinstance(state, Tensors):
+        return state
+    info = {k: (tuple(np.shape(v)), str(np.asarray(v).dtype)) for k, v in state.items()}
+    return Tensors(info, state.__getitem__)
+
+
+def _base_state(family: Family, state: Tensors) -> tuple[Tensors, list]:
     """The base model's tensors (a task-head checkpoint's ``<prefix>.`` removed) and the
     names left out (the task head's tensors)."""
     prefix = family.prefix + "."
@@ -136,9 +146,9 @@ def _base_state(family: Family, state: dict, where: str) -> tuple[dict, list]:
         and not any(k.startswith("embeddings.") for k in state)
         and any(k.startswith(prefix) for k in state)
     ):
-        base = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        base = state.renamed({k[len(prefix) :]: k for k in state if k.startswith(prefix)})
         return base, sorted(k for k in state if not k.startswith(prefix))
-    return dict(state), []
+    return state, []
 
 
 def _check_finite(name: str, value: np.ndarray, where: str) -> None:
@@ -153,14 +163,32 @@ def _check_finite(name: str, value: np.ndarray, where: str) -> None:
         )
 
 
-def check_state(family: Family, sizes: dict, state: dict, where: str) -> tuple[dict, list]:
-    """Checks names and shapes; returns ``(neutral weights, ignored head tensors)``.
+def _neutral(entries: list, state: Tensors, where: str) -> Lazy:
+    """The neutral weights of ``state``, each read, checked finite and brought to the
+    neutral layout when looked up (`multiattn.hf.families.from_hf`, one at a time)."""
+    by_name = {e.name: e for e in entries}
+
+    def make(name: str) -> np.ndarray:
+        entry = by_name[name]
+        value = state[entry.hf]
+        _check_finite(entry.hf, value, where)
+        return entry.to_neutral(value)
+
+    return Lazy(by_name, make)
+
+
+def check_state(family: Family, sizes: dict, state: Mapping, where: str) -> tuple[Lazy, list]:
+    """Checks names, shapes and dtypes (from the headers: no tensor is read); returns
+    ``(neutral weights, ignored head tensors)``. The neutral weights are a `Lazy`
+    mapping: each is read when looked up, and a NaN or an infinity in it is refused then.
 
     Raises:
-        ValueError: a tensor is missing, unexpected, not floating, of the wrong shape
-            for this config or holding a NaN or an infinity (the tensor is named).
+        ValueError: a tensor is missing, unexpected, of the wrong shape for this config,
+            or of a dtype multiattn does not load (a weight must be float16, bfloat16,
+            float32 or float64); later, on lookup, a weight holding a NaN or an infinity
+            (the tensor is named).
     """
-    state, ignored = _base_state(family, state, where)
+    state, ignored = _base_state(family, as_tensors(state))
     layers = sum(v for k, v in sizes.items() if k.startswith("num_") and k.endswith("layers"))
     if layers > len(state):  # each block has tensors: checked before listing them
         raise ValueError(
@@ -174,28 +202,65 @@ def check_state(family: Family, sizes: dict, state: dict, where: str) -> tuple[d
     for name in sorted(expected):
         if name not in state and name not in buffers:
             raise ValueError(f"{where}: the checkpoint has no tensor {name!r}.")
-    for name, value in state.items():
+    for name, (shape, dtype) in state.info.items():
         if name not in expected:
             raise ValueError(
                 f"{where}: unexpected tensor {name!r} for a {family.model_type} model with "
                 "this config."
             )
-        if tuple(value.shape) != tuple(expected[name]):
+        if tuple(shape) != tuple(expected[name]):
             raise ValueError(
                 f"{where}: tensor {name!r} must have shape {tuple(expected[name])} for this "
-                f"config; received {tuple(value.shape)}."
+                f"config; received {tuple(shape)}."
             )
-        if name not in buffers and value.dtype.kind != "f":
-            raise ValueError(f"{where}: tensor {name!r} must be floating; received {value.dtype}.")
-        if name not in buffers:
-            _check_finite(name, value, where)
+        if name not in buffers and dtype not in FLOAT_DTYPES.values():
+            raise ValueError(
+                f"{where}: tensor {name!r} has dtype {dtype}; multiattn loads weights of "
+                f"{', '.join(FLOAT_DTYPES.values())} (convert the checkpoint first)."
+            )
     if ignored:
         warnings.warn(
             f"{where}: left out {len(ignored)} task-head tensor(s) outside the base model "
             f"({', '.join(ignored[:5])}{', ...' if len(ignored) > 5 else ''}).",
             stacklevel=3,
         )
-    return from_hf(entries, state), ignored
+    return _neutral(entries, state, where), ignored
+
+
+#: ``(from, to)`` dtype pairs a cast keeps every value of
+_LOSSLESS = {("float16", "float32"), ("float16", "float64"), ("bfloat16", "float32"),
+             ("bfloat16", "float64"), ("float32", "float64")}  # fmt: skip
+
+
+def checkpoint_dtype(config: dict, dtypes: dict[str, str], where: str) -> str:
+    """The dtype a folder declares: ``config.json``'s ``dtype`` (transformers 5) or
+    ``torch_dtype`` (4), else the weights' one dtype (float32 when they mix dtypes);
+    ``dtypes`` maps each tensor to its dtype (`Loaded.dtypes`).
+
+    Raises:
+        ValueError: the declared dtype is not one of `FLOAT_DTYPES`, or a weight's dtype
+            is wider than it (loading in the declared dtype would lose information:
+            the tensor is named).
+    """
+    weights = {name: dtype for name, dtype in dtypes.items() if dtype in FLOAT_DTYPES.values()}
+    key = "dtype" if config.get("dtype") is not None else "torch_dtype"
+    declared = config.get(key)
+    if declared is None:
+        found = set(weights.values())
+        return found.pop() if len(found) == 1 else "float32"
+    if declared not in FLOAT_DTYPES.values():
+        raise ValueError(
+            f"{where}: config.json's `{key}` must be one of "
+            f"{', '.join(FLOAT_DTYPES.values())}; received {declared!r}."
+        )
+    for name, dtype in weights.items():
+        if dtype != declared and (dtype, declared) not in _LOSSLESS:
+            raise ValueError(
+                f"{where}: tensor {name!r} is {dtype} but config.json's `{key}` is "
+                f"{declared}: loading it in {declared} would lose information. Pass "
+                f"dtype={dtype!r} to keep it, or dtype={declared!r} to convert it."
+            )
+    return declared
 
 
 def read_folder(path: str | Path, trust_pickle: bool = False) -> Loaded:
@@ -212,8 +277,11 @@ def read_folder(path: str | Path, trust_pickle: bool = False) -> Loaded:
     config = _read_json(config_path, where, dict)
     family = family_of(config, where)
     sizes = family.check_config(config, where)
-    weights, ignored = check_state(family, sizes, read_state(folder, trust_pickle), where)
-    return Loaded(family, config, sizes, weights, ignored, read_side_files(folder, where))
+    state = read_state(folder, trust_pickle)
+    weights, ignored = check_state(family, sizes, state, where)
+    dtypes = {name: dtype for name, (_, dtype) in state.info.items()}
+    return Loaded(family, config, sizes, weights, ignored, read_side_files(folder, where),
+                  dtypes)  # fmt: skip
 
 
 def read_side_files(folder: Path, where: str) -> dict[str, dict]:

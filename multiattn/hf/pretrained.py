@@ -15,18 +15,22 @@ Importing this module imports no framework; Keras is imported by `from_pretraine
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
+from ._tensors import Lazy
 from .families import Family, to_hf
-from .files import read_folder, write_folder
+from .files import checkpoint_dtype, read_folder, write_folder
 
 __all__ = ["DTYPES", "FRAMEWORKS", "PretrainedCausalLM", "PretrainedModel", "from_pretrained"]
 
 FRAMEWORKS = ("jax", "torch", "tensorflow", "numpy", "paddle")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
+HALF = ("float16", "bfloat16")
 
 
 def _check_int32_ids(where: str, name: str, value: Any) -> None:
@@ -64,7 +68,8 @@ class PretrainedModel:
 
     @property
     def dtype(self) -> str:
-        """The compute and variable dtype (``float32`` unless asked otherwise)."""
+        """The compute and variable dtype (the checkpoint's, unless `from_pretrained` was
+        given another or upcast it)."""
         return self.layer.compute_dtype
 
     def __repr__(self) -> str:
@@ -183,9 +188,13 @@ def from_pretrained(
             paddle, which must come before TensorFlow in a process), else the Keras
             backend to run on (``jax``, ``torch``, ``tensorflow``, ``numpy``): default,
             and the only Keras value accepted, is the process's backend.
-        dtype: ``float32`` (default), ``float64``, ``float16`` or ``bfloat16``: the
-            variables and the computation (LayerNorm statistics of half precision inputs
-            are computed in float32).
+        dtype: ``float32``, ``float64``, ``float16`` or ``bfloat16``: the variables and
+            the computation (weights are converted, rounding to nearest even); None
+            (default) keeps the checkpoint's dtype, as transformers' ``dtype="auto"``:
+            ``config.json``'s ``dtype`` (or ``torch_dtype``), else the tensors' own; on the
+            ``numpy`` backend, and on Paddle on a CPU (whose kernels have no half
+            precision), a float16 or bfloat16 checkpoint is computed in float32.
+            Which parts of a half-precision model run in float32: see ``docs/models.md``.
         trust_pickle: allow reading ``pytorch_model.bin`` (a pickle; only tensors are
             unpickled, through torch's weights-only loader).
 
@@ -195,8 +204,12 @@ def from_pretrained(
     Raises:
         ValueError: no folder, no config.json, no weights, an unsupported ``model_type``
             (the supported ones are listed), a config option that is not implemented (named),
-            a missing, unexpected or mis-shaped tensor (named), an unreadable or truncated
-            weights file, a pickle without ``trust_pickle``, a bad ``framework``/``dtype``.
+            a missing, unexpected or mis-shaped tensor (named), a tensor of a dtype
+            multiattn does not load (float8, integers: named), with ``dtype=None`` a tensor
+            wider than the config's dtype (named: loading would lose information), a
+            non-finite weight (named), an unreadable or truncated weights file, a link out
+            of the folder (other than a cache snapshot's into its ``blobs``), a pickle
+            without ``trust_pickle``, a bad ``framework``/``dtype``.
         TypeError: ``trust_pickle`` not a bool, ``path`` not a path.
     """
     if not isinstance(trust_pickle, bool):
@@ -210,14 +223,49 @@ def from_pretrained(
         )
     framework = _check_framework(framework)
     loaded = read_folder(path, trust_pickle=trust_pickle)
+    where = f"from_pretrained({str(path)!r})"
+    if dtype in HALF and not _half_kernels(framework):
+        raise ValueError(
+            f"{where}: dtype={dtype!r}: Paddle's CPU kernels have no float16 or bfloat16 "
+            "arithmetic; pass dtype='float32' (or None, which upcasts a half-precision "
+            "checkpoint there)."
+        )
+    dtype = dtype or _kept_dtype(checkpoint_dtype(loaded.config, loaded.dtypes, where), framework)
     module, name = loaded.family.layer.split(":")
     if framework == "paddle":  # the Paddle twin of the same definition
         module = "multiattn.paddle.models"
     cls = getattr(importlib.import_module(module), name)
-    layer = cls.from_sizes(loaded.sizes, "pooler/kernel" in loaded.weights, dtype or "float32")
-    layer.set_neutral_weights(loaded.weights)
+    from ..layers import zero_initialized
+
+    with zero_initialized():  # every variable is assigned from the checkpoint next
+        layer = cls.from_sizes(loaded.sizes, "pooler/kernel" in loaded.weights, dtype)
+    layer.set_neutral_weights(_cast(loaded.weights, dtype))
     if framework == "paddle":
         layer.eval()  # inference, as on Keras; `model.layer.train()` to fine-tune
     model_class = PretrainedCausalLM if hasattr(layer, "generate") else PretrainedModel
     return model_class(loaded.family, loaded.config, loaded.sizes, layer, loaded.ignored,
                        loaded.side_files)  # fmt: skip
+
+
+def _half_kernels(framework: str) -> bool:
+    """Whether ``framework`` (on its current device) computes float16 and bfloat16:
+    Paddle's CPU kernels do not (no half-precision ``add``); the Keras backends do."""
+    if framework != "paddle":
+        return True
+    import paddle
+
+    return not paddle.get_device().startswith("cpu")
+
+
+def _kept_dtype(dtype: str, framework: str) -> str:
+    """The checkpoint's ``dtype``, upcast to float32 for half precision where it is not
+    computed (`_half_kernels`) or slow: the NumPy backend (NumPy has no fast
+    half-precision matrix products) and Paddle on a CPU."""
+    upcast = framework == "numpy" or not _half_kernels(framework)
+    return "float32" if dtype in HALF and upcast else dtype
+
+
+def _cast(weights: Mapping, dtype: str) -> Lazy:
+    """``weights`` cast to ``dtype`` (NumPy's rounding to nearest even) as each is read."""
+    target = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    return Lazy(weights, lambda name: np.asarray(weights[name]).astype(target, copy=False))

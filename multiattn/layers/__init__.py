@@ -4,6 +4,7 @@ Every layer validates its arguments in ``__init__``, creates weights in ``build`
 computes in ``call``; ``get_config`` is complete and ``.keras`` files round-trip exactly.
 """
 
+from ._base import zero_initialized
 from .attention import AdditiveAttention, DotProductAttention
 from .decoder import TransformerDecoderLayer
 from .decoder_only import DecoderBlockConfig, TransformerDecoderOnlyLayer
@@ -36,4 +37,5 @@ __all__ = [
     "TransformerDecoderLayer",
     "TransformerDecoderOnlyLayer",
     "TransformerEncoderLayer",
+    "zero_initialized",
 ]

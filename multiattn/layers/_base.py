@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -58,12 +61,38 @@ def seed_generator(where: str, seed: Any) -> keras.random.SeedGenerator:
     return keras.random.SeedGenerator(check_layer_seed(where, seed))
 
 
-def get_initializer(where: str, name: str, value: Any) -> Any:
-    """``keras.initializers.get(value)``, with an error naming the argument."""
+_ZERO_INITIALIZED = contextvars.ContextVar("multiattn_zero_initialized", default=False)
+
+
+@contextlib.contextmanager
+def zero_initialized() -> Iterator[None]:
+    """A scope in which the multiattn layers made take ``zeros`` for every kernel, bias
+    and embedding initializer they are given (still checked), so that building draws no
+    random numbers: for a model whose every weight is assigned right after, as
+    `multiattn.models.from_pretrained` does. Layers made outside are unaffected; a
+    layer made inside reports ``zeros`` in its ``get_config``."""
+    token = _ZERO_INITIALIZED.set(True)
     try:
-        return keras.initializers.get(value)
+        yield
+    finally:
+        _ZERO_INITIALIZED.reset(token)
+
+
+def keras_default(name: str) -> Any:
+    """The initializer ``name`` that a Keras layer would take by default (``"uniform"``
+    for embeddings, ``"glorot_uniform"`` for kernels), ``zeros`` inside
+    `zero_initialized`: for the Keras sublayers of the models."""
+    return get_initializer("keras_default", "name", name)
+
+
+def get_initializer(where: str, name: str, value: Any) -> Any:
+    """``keras.initializers.get(value)``, with an error naming the argument (``zeros``
+    inside `zero_initialized`)."""
+    try:
+        initializer = keras.initializers.get(value)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{where}: unknown `{name}` {describe(value)}.") from err
+    return keras.initializers.Zeros() if _ZERO_INITIALIZED.get() else initializer
 
 
 try:  # Keras keeps a tensor's mask beside the tensor where it cannot be an attribute (JAX)

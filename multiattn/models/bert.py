@@ -19,6 +19,7 @@ import numpy as np
 from .._checks import check_positive_int
 from ..hf.bert_weights import SentenceOptions, bert_sizes, layer_weights, load_checkpoint
 from ..layers import LayerNormalization, TransformerEncoderLayer
+from ..layers._base import keras_default
 from ._ids import poison
 from ._ids import token_ids as checked_ids
 
@@ -82,13 +83,12 @@ class _BertStack(keras.layers.Layer):
         self.epsilon = epsilon
         self.activation = activation
         dtype = self.dtype_policy
-        self.word = keras.layers.Embedding(vocab_size, hidden_size, name="word", dtype=dtype)
-        self.position = keras.layers.Embedding(
-            max_positions, hidden_size, name="position", dtype=dtype
-        )
-        self.token_type = keras.layers.Embedding(
-            type_vocab_size, hidden_size, name="token_type", dtype=dtype
-        )
+        self.word, self.position, self.token_type = (
+            keras.layers.Embedding(rows, hidden_size, name=name, dtype=dtype,
+                                   embeddings_initializer=keras_default("uniform"))
+            for rows, name in ((vocab_size, "word"), (max_positions, "position"),
+                               (type_vocab_size, "token_type"))
+        )  # fmt: skip
         self.embedding_norm = LayerNormalization(
             epsilon=epsilon, name="embedding_norm", dtype=dtype
         )
@@ -260,7 +260,7 @@ class BertModel(_BertStack):
         if add_pooling_layer:
             self.pooler = keras.layers.EinsumDense(
                 "be,ef->bf", (self.hidden_size,), bias_axes="f", name="pooler",
-                dtype=self.dtype_policy,
+                dtype=self.dtype_policy, kernel_initializer=keras_default("glorot_uniform"),
             )  # fmt: skip
 
     def build(self, input_ids_shape, attention_mask_shape=None, token_type_ids_shape=None):

@@ -17,6 +17,7 @@ on slot indices and give the same scores.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import keras
@@ -29,6 +30,7 @@ from ..decoding.generation import (
     check_lengths,
     left_padded_prompt,
 )
+from ..hf._tensors import Lazy
 from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnlyLayer
 from ..layers._base import call_sublayer
 from ..layers.decoder_only import DecoderBlockConfig, block_config
@@ -329,21 +331,27 @@ def step_ids(token: Any) -> Any:
 _QKV = ("query", "key", "value")
 
 
-def _split_qkv(model: CausalLM, weights: dict) -> dict:
+def _split_qkv(model: CausalLM, weights: Mapping) -> Lazy:
     """``layer_<i>/qkv/{kernel,bias}`` ``(E, 3E)``, ``(3E,)`` -> per-part ``(E, H, D)``,
-    ``(H, D)`` (exact copies)."""
-    out = dict(weights)
+    ``(H, D)`` (exact copies), made as each is looked up (``weights`` may be lazy)."""
     e, h = model.hidden_size, model.num_heads
+    parts = {}
     for i in range(model.num_layers):
-        kernel = out.pop(f"layer_{i}/qkv/kernel", None)
-        bias = out.pop(f"layer_{i}/qkv/bias", None)
-        if kernel is None or bias is None:
-            raise ValueError(f"CausalLM: `weights` has no 'layer_{i}/qkv/kernel' and bias.")
-        for j, part in enumerate(_QKV):
-            name = f"layer_{i}/self_attention/{part}/"
-            out[name + "kernel"] = kernel[:, j * e : (j + 1) * e].reshape(e, h, -1)
-            out[name + "bias"] = bias[j * e : (j + 1) * e].reshape(h, -1)
-    return out
+        for kind in ("kernel", "bias"):
+            if f"layer_{i}/qkv/{kind}" not in weights:
+                raise ValueError(f"CausalLM: `weights` has no 'layer_{i}/qkv/kernel' and bias.")
+            for j, part in enumerate(_QKV):
+                parts[f"layer_{i}/self_attention/{part}/{kind}"] = (f"layer_{i}/qkv/{kind}", j)
+
+    def make(name: str) -> np.ndarray:
+        if name not in parts:
+            return weights[name]
+        fused, j = parts[name]
+        value = np.asarray(weights[fused])[..., j * e : (j + 1) * e]
+        return np.ascontiguousarray(value.reshape(*value.shape[:-1], h, -1))
+
+    kept = [k for k in weights if not k.endswith(("/qkv/kernel", "/qkv/bias"))]
+    return Lazy(kept + list(parts), make)
 
 
 def _fuse_qkv(model: CausalLM, weights: dict) -> dict:

@@ -20,6 +20,7 @@ import numpy as np
 from .._checks import check_positive_int
 from ..hf.families import POOLER_ACTIVATIONS as _POOLER_ACTIVATIONS
 from ..layers import LayerNormalization, TransformerEncoderLayer
+from ..layers._base import keras_default
 from .bert import assign_weight, pooler_activation
 
 __all__ = ["ViTModel"]
@@ -121,7 +122,12 @@ class ViTModel(keras.layers.Layer):
     def _make_sublayers(self) -> None:
         dtype, e = self.dtype_policy, self.hidden_size
         self.patch = keras.layers.EinsumDense(
-            "bnk,ke->bne", (None, e), bias_axes="e", name="patch", dtype=dtype
+            "bnk,ke->bne",
+            (None, e),
+            bias_axes="e",
+            name="patch",
+            dtype=dtype,
+            kernel_initializer=keras_default("glorot_uniform"),
         )
         self.blocks = [
             TransformerEncoderLayer(
@@ -146,6 +152,7 @@ class ViTModel(keras.layers.Layer):
                 bias_axes="p",
                 name="pooler",
                 dtype=dtype,
+                kernel_initializer=keras_default("glorot_uniform"),
             )
 
     def build(self, pixel_values_shape=None):

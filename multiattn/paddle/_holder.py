@@ -322,7 +322,9 @@ class PaddleLayer(paddle.nn.Layer):
 
 def _assign(param: Any, value: Any) -> None:
     """``param`` set to ``value`` (an array or tensor) in the parameter's dtype."""
-    value = paddle.to_tensor(np.asarray(value) if not isinstance(value, paddle.Tensor) else value)
+    if not isinstance(value, paddle.Tensor):
+        value = np.asarray(value)  # bfloat16 (ml_dtypes) goes in as its bits, which Paddle reads so
+        value = paddle.to_tensor(value.view(np.uint16) if value.dtype.name == "bfloat16" else value)
     param.set_value(value.astype(param.dtype))
 
 

@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import is_floating
+
 __all__ = [
     "BEHAVIOUR_KEYS",
     "CONFIG_KEYS",
@@ -335,7 +337,7 @@ def check_weights(
                 f"{where}: weight {name!r} must have shape {_fmt(shape)}; received "
                 f"{_fmt(arr.shape)}."
             )
-        if arr.dtype.kind != "f":
+        if not is_floating(arr.dtype):
             raise ValueError(
                 f"{where}: weight {name!r} must be floating point; received dtype {arr.dtype}."
             )

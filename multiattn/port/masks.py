@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import is_floating
+
 __all__ = [
     "additive_to_keep",
     "as_keep",
@@ -89,7 +91,7 @@ def _kind(arr: np.ndarray) -> str:
         return "bool"
     if np.issubdtype(arr.dtype, np.integer):
         return "int"
-    if arr.dtype.kind == "f" or "bfloat16" in str(arr.dtype):
+    if is_floating(arr.dtype):
         return "float"
     return "other"
 

@@ -268,3 +268,41 @@ def test_generation_config_carries_over_through_save_and_port(tmp_path):
         assert got == want, folder
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back")
     assert again.generation_config.max_new_tokens == 7
+
+
+def test_a_compressed_pickle_is_refused_before_it_is_inflated(tmp_path):
+    """``pytorch_model.bin`` is opened memory-mapped: a record compressed to inflate (a
+    1 MB file holding 1 GiB, for one) is an error naming the file, not an allocation."""
+    import zipfile
+
+    torch.manual_seed(0)
+    MODELS["llama"]().save_pretrained(tmp_path, safe_serialization=False)
+    if not (tmp_path / "pytorch_model.bin").exists():  # this transformers writes safetensors only
+        from safetensors.torch import load_file
+
+        torch.save(load_file(tmp_path / "model.safetensors"), tmp_path / "pytorch_model.bin")
+    (tmp_path / "model.safetensors").unlink(missing_ok=True)
+    plain = zipfile.ZipFile(tmp_path / "pytorch_model.bin")
+    records = {info.filename: plain.read(info) for info in plain.infolist()}
+    with zipfile.ZipFile(tmp_path / "packed.bin", "w", zipfile.ZIP_DEFLATED) as packed:
+        for name, data in records.items():
+            packed.writestr(name, data)
+    (tmp_path / "packed.bin").replace(tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"cannot read pytorch_model\.bin .*uncompressed zip"):
+        from_pretrained(tmp_path, trust_pickle=True)
+
+
+def test_a_bfloat16_pickle_loads_in_bfloat16(tmp_path):
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    MODELS["llama"]().to(torch.bfloat16).save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    (tmp_path / "model.safetensors").unlink()
+    model = from_pretrained(tmp_path, trust_pickle=True)
+    assert model.dtype == ("float32" if BACKEND == "numpy" else "bfloat16")
+    written = model.state_dict()
+    for name, value in state.items():
+        want = value.float().numpy()
+        np.testing.assert_array_equal(np.asarray(written[name], np.float32), want, err_msg=name)

@@ -198,3 +198,24 @@ def test_paddle_model_calls_refuse_ids_outside_the_vocabulary(tmp_path, case):
             model(input_ids=bad, **extra)
     with pytest.raises(ValueError, match=r"rows \[0\] hold none"):
         model.generate(np.array([[1, 2]]), attention_mask=np.zeros((1, 2)), max_new_tokens=1)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_checkpoint_loads_upcast_on_paddle_cpu(tmp_path, dtype):
+    """Paddle's CPU kernels have no half-precision arithmetic: ``dtype=None`` computes a
+    float16 or bfloat16 checkpoint in float32 there (its rounded weights, exactly), and
+    asking for the half dtype is refused up front."""
+    torch.manual_seed(0)
+    hf = CAUSAL["qwen2"]().to(getattr(torch, dtype)).eval()
+    hf.save_pretrained(tmp_path)
+    hf = hf.double()
+    ids, mask = _batch()
+    model = from_pretrained(tmp_path, framework="paddle")
+    assert model.dtype == "float32"
+    out = model(input_ids=ids, attention_mask=mask)["logits"].numpy()
+    with torch.no_grad():
+        want = hf(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    real = mask.astype(bool)
+    assert rel_err(out[real], want[real]) <= TOL["float32"]
+    with pytest.raises(ValueError, match="Paddle's CPU kernels have no float16 or bfloat16"):
+        from_pretrained(tmp_path, framework="paddle", dtype=dtype)
