@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from .import_order import import_triton_first
+
 #: Frameworks a model folder is tried on, in this order.
 FRAMEWORKS = ("jax", "torch", "tensorflow", "numpy", "paddle")
 #: Seconds one framework's process may run before it is killed and reported as hung.
@@ -522,6 +524,9 @@ def _worker_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Exit status 0 when every framework that ran agrees, 1 otherwise."""
     argv = sys.argv[1:] if argv is None else argv
+    # transformers (the reference, here) and a worker's framework may bring torch's triton
+    # and TensorFlow into one process: triton first (see `import_order`)
+    import_triton_first()
     if argv[:1] == ["--worker"]:
         return _worker(_worker_parser().parse_args(argv))
     parser = _parser()

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import departures, fixtures
+from .import_order import import_triton_first
 
 #: Where events go: the process's original stdout. `claim_stdout` points file descriptor 1
 #: (``print``, and whatever a framework's C code writes there) at stderr, so that nothing but
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the manifest digest the runner verified: refuse any other manifest",
     )
     args = parser.parse_args(argv)
+    import_triton_first()  # before the target can load TensorFlow (see `import_order`)
     claim_stdout()
     if os.name == "posix":
         exit_with_parent()

@@ -57,6 +57,13 @@ PADDLE_DIR = HERE / "paddle"
 ROOT = HERE.parent
 WORKER_ENV = "MULTIATTN_TEST_BACKEND"
 IS_WORKER = WORKER_ENV in os.environ
+if IS_WORKER:
+    # A worker may import TensorFlow and, through transformers, torch._dynamo's triton:
+    # triton must come first (importing it after TensorFlow kills the process), before any
+    # test or conftest below loads a framework. See multiattn.conformance.import_order.
+    from multiattn.conformance.import_order import import_triton_first
+
+    import_triton_first()
 # worker name -> (test directory, environment: a value of None removes the variable)
 WORKERS: dict[str, tuple[Path, dict[str, str | None]]] = {
     "jax": (BACKEND_DIR, {"KERAS_BACKEND": "jax", "JAX_ENABLE_X64": "1"}),
