@@ -103,14 +103,20 @@ def pickle_tensors(path: Path) -> Tensors:
     """The tensors of a ``pytorch_model.bin`` (a zip written by ``torch.save``), opened
     memory-mapped with torch's weights-only loader: names, shapes and dtypes are known
     before any tensor's data is read, and the data of a record is never inflated (a
-    compressed record is an error).
+    compressed record, which ``torch.save`` never writes, is an error).
 
     Raises:
         Exception: torch's error for a file it cannot map (the caller names the file),
             `TypeError` when the file holds no dict of tensors.
     """
+    import zipfile
+
     import torch
 
+    with zipfile.ZipFile(path) as archive:  # not a zip: BadZipFile, named by the caller
+        packed = [i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
+    if packed:  # a mapped record must hold the tensor's bytes as they are
+        raise ValueError(f"its record {packed[0]!r} is compressed")
     state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     if not isinstance(state, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
