@@ -231,9 +231,10 @@ def decode_config(args: argparse.Namespace, parser: argparse.ArgumentParser, cfg
         "autotune": args.autotune,
         "with": [_settings_arg(parser, v) for v in args.decode_with],
         "models": _models_arg(parser, args.decode_models, args.decode_size),
-        # per process (a framework and a model); at real size the prompt-512 batch-8
-        # prefills of the 1B model take minutes each on 2 cores
-        "timeout": 4 * 3600.0 if real else 3600.0,
+        # per process (a framework and a model); at real size each prompt-512 batch-8
+        # prefill of the 1B bfloat16 model takes minutes on 2 cores, many minutes where
+        # the CPU has no bfloat16 instructions
+        "timeout": 12 * 3600.0 if real else 3600.0,
         # the read bandwidth's array: well above a last-level cache (--quick: 256 MiB)
         "bandwidth_bytes": (256 if quick else 1024) << 20,
     }  # fmt: skip
