@@ -551,10 +551,15 @@ def main(argv: list[str] | None = None) -> int:
     from multiattn.hf.files import read_folder
 
     try:  # multiattn's own checks first: transformers opens whatever the folder names
-        read_folder(args.model)
+        loaded = read_folder(args.model)
     except (ValueError, TypeError) as err:
         print(f"conformance --model: {err}", file=sys.stderr)
         return 2
+    context = loaded.sizes.get("max_positions")
+    tokens = args.tokens if loaded.family.layer.endswith(":CausalLM") else 0  # generated
+    if context is not None and args.length + tokens > context:
+        parser.error(f"--length {args.length} and {tokens} generated tokens pass the model's "
+                     f"context of {context} positions (max_position_embeddings)")  # fmt: skip
     report = check_model(args)
     _print(report)
     if args.json is not None:

@@ -236,3 +236,13 @@ def test_a_float64_t5_folder_agrees_with_transformers_under_the_bound_it_names(t
     assert res["agree"] and "RMS norm variances" in res["basis"]
     assert max(r["relative"] for r in res["outputs"].values() if "relative" in r) > 1e-9
     assert "bound for" in proc.stdout and "RMS norm variances" in proc.stdout
+
+
+def test_a_length_past_the_models_context_is_refused_with_the_reason(bert_folder):
+    """The context is read from the folder before any worker runs: the reason is the
+    whole message, not a framework's wrapper around it."""
+    context = json.loads((bert_folder / "config.json").read_text())["max_position_embeddings"]
+    proc = _cli("--model", str(bert_folder), "--length", str(context + 1))
+    assert proc.returncode == 2
+    assert f"pass the model's context of {context} positions" in proc.stderr
+    assert "Traceback" not in proc.stderr
