@@ -101,7 +101,7 @@ def check_lengths(seq: int, max_new_tokens: Any, context: int) -> int:
     new = check_new_tokens(max_new_tokens)
     if seq > context:
         raise ValueError(
-            f"generate: the prompt holds {seq} tokens, more than the context "
+            f"generate: the prompt (`input_ids`) holds {seq} tokens, more than the context "
             f"(max_position_embeddings={context})."
         )
     if seq + new > context:

@@ -28,7 +28,8 @@ def token_ids(where: str, name: str, ids: Any, vocab: int) -> tuple[Any, Any]:
     the states to `poison`).
 
     Raises:
-        ValueError: not an integer ``(batch, seq)`` array; eagerly, a value outside
+        ValueError: not an integer ``(batch, seq)`` array, an empty one (a batch or a
+            length of 0); eagerly, a value outside
             ``[0, vocab)`` (named with the value and ``vocab``).
     """
     raw = ids if hasattr(ids, "shape") and hasattr(ids, "dtype") else np.asarray(ids)
@@ -41,6 +42,11 @@ def token_ids(where: str, name: str, ids: Any, vocab: int) -> tuple[Any, Any]:
         raise ValueError(
             f"{where}: `{name}` must be an integer (batch, seq) array; received shape "
             f"{tuple(raw.shape)} of {dtype}."
+        )
+    if any(d == 0 for d in raw.shape):  # nothing to embed: a model of no token
+        raise ValueError(
+            f"{where}: `{name}` must hold at least one row of at least one token; received "
+            f"shape {tuple(raw.shape)}."
         )
     value = concrete(ns, raw)
     ops = keras.ops

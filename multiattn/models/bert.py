@@ -115,25 +115,27 @@ class _BertStack(keras.layers.Layer):
         for block in self.blocks:
             block.build(shape)
 
-    def token_states(self, token_ids, attention_mask=None, token_type_ids=None):
+    def token_states(self, token_ids, attention_mask=None, token_type_ids=None,
+                     ids_name="token_ids"):  # fmt: skip
         """``(states (batch, seq, hidden), keep (batch, seq) bool)``: the last encoder
-        block's output for every token, and which tokens are real (True)."""
+        block's output for every token, and which tokens are real (True). ``ids_name``:
+        the ids' argument in the caller's signature (named by errors)."""
         ops = keras.ops
-        where = type(self).__name__
-        token_ids, valid = checked_ids(where, "token_ids", token_ids, self.vocab_size)
+        where, n = type(self).__name__, ids_name
+        token_ids, valid = checked_ids(where, n, token_ids, self.vocab_size)
         if attention_mask is None:
             attention_mask = ops.ones_like(token_ids)
         attention_mask = ops.convert_to_tensor(attention_mask)
         if tuple(attention_mask.shape) != tuple(token_ids.shape):
             raise ValueError(
-                f"{where}: `token_ids` and `attention_mask` must be (batch, seq) of one shape; received "
+                f"{where}: `{n}` and `attention_mask` must be (batch, seq) of one shape; received "
                 f"{tuple(token_ids.shape)} and {tuple(attention_mask.shape)}."
             )
         seq = token_ids.shape[1]
         if seq is not None and seq > self.max_positions:
             raise ValueError(
                 f"{where}: sequences may hold at most max_positions={self.max_positions} "
-                f"tokens; received token_ids of shape {tuple(token_ids.shape)}."
+                f"tokens; received `{n}` of shape {tuple(token_ids.shape)}."
             )
         types, type_valid = ops.zeros_like(token_ids), None
         if token_type_ids is not None:
@@ -141,7 +143,7 @@ class _BertStack(keras.layers.Layer):
                                             self.type_vocab_size)  # fmt: skip
             if tuple(types.shape) != tuple(token_ids.shape):
                 raise ValueError(
-                    f"{where}: `token_type_ids` must have the shape of `token_ids` "
+                    f"{where}: `token_type_ids` must have the shape of `{n}` "
                     f"{tuple(token_ids.shape)}; received {tuple(types.shape)}."
                 )
         positions = ops.cumsum(ops.ones_like(token_ids), axis=1) - 1  # 0, 1, ... per row
@@ -269,7 +271,7 @@ class BertModel(_BertStack):
             self.pooler.build((None, self.hidden_size))
 
     def call(self, input_ids, attention_mask=None, token_type_ids=None):
-        x, _ = self.token_states(input_ids, attention_mask, token_type_ids)
+        x, _ = self.token_states(input_ids, attention_mask, token_type_ids, "input_ids")
         out = {"last_hidden_state": x}
         if self.pooler is not None:
             out["pooler_output"] = pooler_activation("tanh")(self.pooler(x[:, 0]))

@@ -306,3 +306,25 @@ def test_a_bfloat16_pickle_loads_in_bfloat16(tmp_path):
     for name, value in state.items():
         want = value.float().numpy()
         np.testing.assert_array_equal(np.asarray(written[name], np.float32), want, err_msg=name)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("shape", [(0, 3), (2, 0)])
+def test_model_call_refuses_an_empty_batch_or_sequence(loaded, name, shape):
+    with pytest.raises(ValueError, match=r"`input_ids` must hold at least one row"):
+        loaded[name](**_inputs(name, np.zeros(shape, np.int64)))
+
+
+def test_bert_errors_name_input_ids_as_the_call_does(loaded):
+    model = loaded["bert"]
+    with pytest.raises(ValueError, match=r"`input_ids` must hold token ids.*received -1"):
+        model(input_ids=np.array([[1, -1, 3]]))
+    with pytest.raises(ValueError, match=r"`input_ids` must be an integer"):
+        model(input_ids=np.array([[1.0, 2.5]]))
+    with pytest.raises(ValueError, match=r"max_positions=32.*`input_ids` of shape \(1, 33\)"):
+        model(input_ids=np.ones((1, 33), np.int64))
+
+
+def test_generate_names_input_ids_for_a_prompt_past_the_context(loaded):
+    with pytest.raises(ValueError, match=r"prompt \(`input_ids`\) holds 33 tokens"):
+        loaded["llama"].generate(np.ones((1, 33), np.int64), max_new_tokens=1)
