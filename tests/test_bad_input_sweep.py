@@ -109,8 +109,12 @@ def test_keras_argument_list_does_not_count_as_naming():
 
 def test_catalogue_is_well_formed():
     cases = [c for c in sweep.CASES if not c.id.startswith("_selftest")]
-    assert 150 <= len(cases) <= 260
+    assert 150 <= len([c for c in cases if c.surface in ("ops", "layers")]) <= 260
     assert len({c.id for c in cases}) == len(cases)
+    surfaces = {c.surface for c in cases}
+    assert surfaces == {"ops", "layers", *MODEL_SURFACES}
+    for surface in MODEL_SURFACES:
+        assert len([c for c in cases if c.surface == surface]) >= 5, surface
     assert all(c.args and all(isinstance(a, str) and a for a in c.args) for c in cases)
     targets = {c.target for c in cases}
     for needed in (
@@ -142,21 +146,33 @@ def test_catalogue_is_well_formed():
     ):
         assert needed in targets, needed
     paddle = [c for c in cases if c.paddle]
-    assert paddle and all(c.target.startswith("ops.") for c in paddle)
+    assert paddle and not any(c.target.startswith(("layers.", "cli.")) for c in paddle)
+    assert all(c.only == ("numpy",) for c in cases if c.target.startswith("cli."))
 
 
 # --- whole runs ----------------------------------------------------------------------------
 
+MODEL_SURFACES = ("model.call", "model.generate", "checkpoint.from_pretrained",
+                  "checkpoint.save_pretrained", "cli.port", "cli.conformance")  # fmt: skip
+#: The whole ops and layers catalogue, and a sample of the model surfaces (each of those
+#: loads tiny transformers models; each CLI case is an interpreter of its own).
+SAMPLE = ("ops.*", "layers.*", "model.call:bert_*", "model.generate:llama_top_*",
+          "checkpoint.*", "cli.port:missing_folder", "cli.conformance:no_config_json")  # fmt: skip
 
-def test_numpy_run_of_the_whole_catalogue(tmp_path):
-    proc, data = _run(tmp_path, "--backends", "numpy", "--details")
+
+def test_numpy_run_of_the_catalogue(tmp_path):
+    """The ops and layers cases and a sample of the model surfaces (`SAMPLE`) on numpy."""
+    args = [a for p in SAMPLE for a in ("--cases", p)]
+    proc, data = _run(tmp_path, "--backends", "numpy", "--details", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Invalid inputs per backend" in proc.stdout
     assert {"started", "finished", "revision", "catalogue", "backends", "classification"} <= set(
         data
     )
     catalogue = {c["id"]: c for c in data["catalogue"]}
-    assert len(catalogue) == len([c for c in sweep.CASES if not c.id.startswith("_selftest")])
+    assert len(catalogue) == len(sweep.cases_for("numpy", SAMPLE))
+    assert {c["surface"] for c in catalogue.values()} == {"ops", "layers", *MODEL_SURFACES}
+    assert "Runs per surface" in proc.stdout
     (backend,) = data["backends"]
     assert backend["backend"] == "numpy"
     assert backend["versions"]["keras_backend"] == "numpy"

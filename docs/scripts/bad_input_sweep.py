@@ -12,13 +12,26 @@ wrong ranks and shapes, mismatched dtypes, integer/complex/bool/None/string inpu
 Python lists, NaN/negative/zero/huge/float/bool values for integer settings, non-bool
 flags, bad seeds, out-of-range cache indices and rotary offsets (as Python ints, NumPy
 integers and eager tensors), masks and valid lengths of the wrong shape, dtype or range,
-tensors of a second framework. Each case names the argument the error must name.
+tensors of a second framework; and the model surfaces, on tiny random models that
+transformers makes and saves once per worker (``HF_HUB_OFFLINE=1``; `HF_MODELS`): model
+calls (`CALLS`: ids negative, ``>= vocab_size``, int64 beyond int32, float; bad masks,
+unknown arguments, empty inputs), ``generate`` (max_new_tokens, sampling filters, NumPy
+scalars that must be accepted when valid, pad/eos ids, a row of pads only, batch 0),
+checkpoint folders (`FOLDERS`, each a changed copy: config errors, missing, unexpected,
+mis-shaped, NaN, float8 or truncated tensors, a FIFO as a shard, links out of the folder,
+a pickle), ``save_pretrained``, and the CLIs (``multiattn port --from hf`` and
+``multiattn conformance --model`` on the hostile folders, each run as a subprocess: clear
+is exit code 1 or 2 with a last line of stderr naming the problem and no traceback; they
+run in the numpy worker only, the CLI being the same whatever that worker's backend).
+Each case names the argument (or file, tensor, option) the error must name.
 
 Every case runs once per backend, each backend in a subprocess of its own (Keras reads
 ``KERAS_BACKEND`` once; importing paddle after tensorflow crashes): ``jax`` (with
 ``JAX_ENABLE_X64=1``, as the test suite runs it), ``torch``, ``tensorflow``, ``numpy``,
 and ``paddle`` (the `multiattn.ops` cases that take tensors, on Paddle tensors through
-the Paddle namespace; the layers are Keras layers and do not run there). A run is
+the Paddle namespace, and the model and checkpoint cases through
+``from_pretrained(..., framework="paddle")``; the layers are Keras layers and do not run
+there). A run is
 
 * **clear**: ``ValueError`` or ``TypeError`` whose message names the argument (as a
   whole word: ``key`` is not named by ``key_dim``; the list of the call's arguments that
@@ -32,12 +45,15 @@ Cases a worker never reached (its timeout expired first) count as ``not_run``; a
 whose *valid* set-up failed counts as ``setup_error`` (the harness or a regression).
 A worker that crashes is restarted after the case that crashed it.
 
-``--details`` lists every non-clear case with its exception and message (one row per
+The counts are given per backend and per surface (``ops``, ``layers``, ``model.call``,
+``model.generate``, ``checkpoint.from_pretrained``, ``checkpoint.save_pretrained``,
+``cli.port``, ``cli.conformance``). ``--details`` lists every non-clear case with its exception and message (one row per
 case and behaviour, with the backends that showed it); ``--json PATH`` writes everything
 (the catalogue, every run with its exception type, message and raising frame, the
 versions); ``--cases GLOB`` picks cases by id; the exit code is 0 unless ``--strict`` is
-given and some run was not clear. ``tests/test_bad_input_sweep.py`` runs the whole
-catalogue on the numpy backend and checks the harness (``BAD_INPUT_SWEEP_SELFTEST=1``
+given and some run was not clear. ``tests/test_bad_input_sweep.py`` runs the ops and
+layers catalogue and a sample of the model surfaces on the numpy backend and checks the
+harness (``BAD_INPUT_SWEEP_SELFTEST=1``
 adds ``_selftest:*`` cases: a crash, a hang, ...), not the counts.
 """
 
@@ -130,6 +146,16 @@ class Case:
     what: str
     build: Callable[[Any], Callable[[], Any]]
     paddle: bool = False
+    only: tuple[str, ...] = ()  # the backends it runs on, if not all
+
+    @property
+    def surface(self) -> str:
+        """``ops``, ``layers``, else the target (``model.call``, ``cli.port``, ...)."""
+        head = self.target.split(".")[0]
+        return head if head in ("ops", "layers") else self.target
+
+    def runs_on(self, backend: str) -> bool:
+        return (backend != "paddle" or self.paddle) and (not self.only or backend in self.only)
 
 
 CASES: list[Case] = []
@@ -139,12 +165,12 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
-def case(target: str, args: str | tuple[str, ...], what: str, build, *, paddle: bool = False):
+def case(target, args, what, build, *, paddle: bool = False, only: tuple[str, ...] = ()):
     args = (args,) if isinstance(args, str) else tuple(args)
     cid = f"{target}:{_slug(what)}"
     if any(c.id == cid for c in CASES):
         raise ValueError(f"duplicate case id {cid}")
-    CASES.append(Case(cid, target, args, what, build, paddle))
+    CASES.append(Case(cid, target, args, what, build, paddle, tuple(only)))
 
 
 NAN, INF = float("nan"), float("inf")
@@ -1132,6 +1158,449 @@ for target, arg, what, build in [
     case(target, arg, what, build)
 
 
+# ---- the model surfaces: tiny random transformers models, saved once per worker
+#
+# Every case below builds on `Env.folder(name)` (a transformers `save_pretrained` folder,
+# random weights) and `Env.model(name)` (that folder loaded by `from_pretrained`, on Paddle
+# with framework="paddle"); the checkpoint and CLI cases change a fresh copy of a folder.
+
+VOCAB, CTX = 40, 32  # vocabulary and context of the tiny models
+HF_MODELS = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", dict(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=24, max_position_embeddings=CTX)),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(
+        vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=CTX)),
+    "t5": ("T5ForConditionalGeneration", "T5Config", dict(
+        vocab_size=VOCAB, d_model=16, d_kv=8, num_heads=2, num_layers=1, d_ff=24,
+        decoder_start_token_id=0)),
+    "bert": ("BertModel", "BertConfig", dict(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=24, max_position_embeddings=CTX, type_vocab_size=2)),
+}  # fmt: skip
+IDS = np.array([[1, 2, 3], [4, 5, 6]])
+
+
+def _with(ids, at=(0, 1), value=-1, dtype="int64"):
+    out = np.array(ids, dtype=dtype)
+    out[at] = value
+    return out
+
+
+def _model_call(e, name, **kw):
+    inputs = {"input_ids": IDS}
+    if name == "t5":
+        inputs["decoder_input_ids"] = np.zeros((len(IDS), 2), np.int64)
+    inputs.update(kw)
+    return e.call(e.model(name), **{k: v for k, v in inputs.items() if v is not ...})
+
+
+CALLS = [  # (what, the argument to name, the call's changed inputs); then per family
+    ("input_ids negative", "input_ids", {"input_ids": _with(IDS)}),
+    ("input_ids = vocab_size", "input_ids", {"input_ids": _with(IDS, value=VOCAB)}),
+    ("input_ids int64 2**32 + 5", "input_ids", {"input_ids": _with(IDS, value=2**32 + 5)}),
+    ("input_ids float", "input_ids", {"input_ids": IDS + 0.7}),
+    ("input_ids rank 1", "input_ids", {"input_ids": IDS[0]}),
+    ("input_ids empty batch", "input_ids", {"input_ids": np.zeros((0, 3), np.int64)}),
+    ("input_ids (2, 0)", "input_ids", {"input_ids": np.zeros((2, 0), np.int64)}),
+    ("input_ids missing", "input_ids", {"input_ids": ...}),
+    ("input_ids string", "input_ids", {"input_ids": "hello"}),
+    ("input_ids past the context", "input_ids", {"input_ids": np.ones((1, CTX + 1), int)}),
+    ("attention_mask wrong shape", "attention_mask", {"attention_mask": np.ones((2, 4))}),
+    ("attention_mask values 2", "attention_mask", {"attention_mask": np.full((2, 3), 2)}),
+    ("attention_mask fractional", "attention_mask", {"attention_mask": np.full((2, 3), 0.5)}),
+    ("attention_mask string", "attention_mask", {"attention_mask": "all"}),
+    ("unknown argument labels", "labels", {"labels": IDS}),
+    ("unknown argument past_key_values", "past_key_values", {"past_key_values": ()}),
+]
+FAMILY_CALLS = {
+        "bert": [
+            ("token_type_ids 2", "token_type_ids", {"token_type_ids": _with(IDS, value=2)}),
+            ("token_type_ids negative", "token_type_ids", {"token_type_ids": _with(IDS)}),
+            ("token_type_ids float", "token_type_ids", {"token_type_ids": IDS * 0.0 + 0.5}),
+        ],
+        "t5": [
+            ("decoder_input_ids missing", "decoder_input_ids", {"decoder_input_ids": ...}),
+            ("decoder_input_ids negative", "decoder_input_ids",
+             {"decoder_input_ids": _with(IDS)}),
+            ("decoder_attention_mask wrong shape", "decoder_attention_mask",
+             {"decoder_attention_mask": np.ones((2, 5))}),
+        ],
+}  # fmt: skip
+T = "model.call"
+for name in ("llama", "gpt2", "t5", "bert"):
+    for what, arg, kw in CALLS + FAMILY_CALLS.get(name, []):
+        if name != "t5" or "context" not in what:  # T5 has no position limit
+            build = functools.partial(_model_call, name=name, **kw)
+            case(T, arg, f"{name}: {what}", build, paddle=True)
+
+
+def _generate(e, name, ids=IDS, *, valid=None, **kw):
+    """``model.generate(ids, max_new_tokens=2, **kw)``; ``valid``: options of a call that
+    must succeed first (NumPy scalars), in the set-up."""
+    model = e.model(name)
+    if valid is not None:
+        model.generate(IDS, max_new_tokens=1, do_sample=True, seed=0, **valid)
+    kw.setdefault("max_new_tokens", 2)
+    return e.call(model.generate, ids, **kw)
+
+
+T = "model.generate"
+S = {"do_sample": True, "seed": 0}
+for name in ("llama", "t5"):
+    for what, arg, kw in [
+        ("max_new_tokens 0", "max_new_tokens", {"max_new_tokens": 0}),
+        ("max_new_tokens negative", "max_new_tokens", {"max_new_tokens": -1}),
+        ("max_new_tokens 10**9", "max_new_tokens", {"max_new_tokens": 10**9}),
+        ("max_new_tokens float", "max_new_tokens", {"max_new_tokens": 2.5}),
+        ("max_new_tokens bool", "max_new_tokens", {"max_new_tokens": True}),
+        ("max_new_tokens string", "max_new_tokens", {"max_new_tokens": "2"}),
+        ("temperature 0", "temperature", {**S, "temperature": 0.0}),
+        ("temperature negative", "temperature", {**S, "temperature": -1.0}),
+        ("temperature NaN", "temperature", {**S, "temperature": NAN}),
+        ("temperature inf", "temperature", {**S, "temperature": INF}),
+        ("temperature 1e-320", "temperature", {**S, "temperature": 1e-320}),
+        ("temperature string", "temperature", {**S, "temperature": "0.7"}),
+        ("temperature np.float32 negative (np.float32(0.7) accepted first)", "temperature",
+         {**S, "temperature": np.float32(-0.7), "valid": {"temperature": np.float32(0.7)}}),
+        ("top_p 0", "top_p", {**S, "top_p": 0.0}),
+        ("top_p 1.5", "top_p", {**S, "top_p": 1.5}),
+        ("top_p NaN", "top_p", {**S, "top_p": NAN}),
+        ("top_p np.float64 1.5 (np.float64(0.9) accepted first)", "top_p",
+         {**S, "top_p": np.float64(1.5), "valid": {"top_p": np.float64(0.9)}}),
+        ("top_k 0", "top_k", {**S, "top_k": 0}),
+        ("top_k negative", "top_k", {**S, "top_k": -1}),
+        ("top_k float", "top_k", {**S, "top_k": 2.5}),
+        ("top_k np.int64 0 (np.int64(5) accepted first)", "top_k",
+         {**S, "top_k": np.int64(0), "valid": {"top_k": np.int64(5)}}),
+        ("do_sample string", "do_sample", {"do_sample": "yes"}),
+        ("seed string", "seed", {**S, "seed": "a"}),
+        ("pad_token_id = vocab_size", "pad_token_id", {"pad_token_id": VOCAB}),
+        ("pad_token_id negative", "pad_token_id", {"pad_token_id": -1}),
+        ("pad_token_id 10**6 with eos", "pad_token_id", {"pad_token_id": 10**6, "eos_token_id": 3}),
+        ("eos_token_id = vocab_size", "eos_token_id", {"eos_token_id": VOCAB}),
+        ("eos_token_id list with a negative", "eos_token_id", {"eos_token_id": [3, -1]}),
+        ("eos_token_id float", "eos_token_id", {"eos_token_id": 3.0}),
+        ("strategy unknown", "strategy", {"strategy": "fastest"}),
+        ("input_ids negative", "input_ids", {"ids": _with(IDS)}),
+        ("input_ids int64 2**32 + 5", "input_ids", {"ids": _with(IDS, value=2**32 + 5)}),
+        ("input_ids float", "input_ids", {"ids": IDS + 0.5}),
+        ("input_ids batch 0", "input_ids", {"ids": np.zeros((0, 3), np.int64)}),
+        ("input_ids (2, 0)", "input_ids", {"ids": np.zeros((2, 0), np.int64)}),
+        ("attention_mask a row of pads only", "attention_mask",
+         {"attention_mask": np.array([[1, 1, 1], [0, 0, 0]])}),
+        ("attention_mask wrong shape", "attention_mask", {"attention_mask": np.ones((2, 4))}),
+        ("attention_mask right padding", "attention_mask",
+         {"attention_mask": np.array([[1, 1, 1], [1, 1, 0]])}),
+        ("prompt past the context", ("input_ids", "max_new_tokens"),
+         {"ids": np.ones((1, CTX + 1), int)}),
+    ]:  # fmt: skip
+        if name == "t5" and ("right padding" in what or "context" in what):
+            continue  # T5's encoder takes any padding and has no position limit
+        case(T, arg, f"{name}: {what}", functools.partial(_generate, name=name, **kw),
+             paddle=True)  # fmt: skip
+
+
+# ---- checkpoint folders: one table of hostile folders, loaded by from_pretrained and
+# handed to the CLIs. A maker returns the folder (a fresh copy, changed).
+
+
+def _copy(e, name="llama"):
+    import shutil
+
+    dst = Path(tempfile.mkdtemp(prefix=f"{name}_", dir=e.scratch))
+    shutil.copytree(e.folder(name), dst, dirs_exist_ok=True)
+    return dst
+
+
+def _config(e, name="llama", **changes):
+    """A copy whose config.json has ``changes`` (``...`` deletes a key)."""
+    folder = _copy(e, name)
+    cfg = json.loads((folder / "config.json").read_text())
+    for k, v in changes.items():
+        cfg.pop(k, None) if v is ... else cfg.__setitem__(k, v)
+    (folder / "config.json").write_text(json.dumps(cfg))  # NaN/Infinity as Python writes them
+    return folder
+
+
+def _state(e, name="llama", change=None):
+    """A copy whose model.safetensors holds ``change(tensors)`` (a dict of arrays)."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = _copy(e, name)
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    save_file(change(dict(tensors)), path, metadata={"format": "pt"})
+    return folder
+
+
+def _edit(tensors, name, fn):
+    tensors[name] = fn(tensors[name])
+    return tensors
+
+
+Q = "model.layers.0.self_attn.q_proj.weight"
+
+
+def _nan(a):
+    a = a.copy()
+    a.flat[0] = np.nan
+    return a
+
+
+def _float8(e):
+    """model.safetensors written by hand with ``q_proj`` as F8_E4M3 (NumPy has no float8)."""
+    from safetensors.numpy import load_file
+
+    folder = _copy(e)
+    path = folder / "model.safetensors"
+    tensors, header, blobs, offset = load_file(path), {}, [], 0
+    for k, v in tensors.items():
+        dtype, data = ("F8_E4M3", bytes(v.size)) if k == Q else ("F32", v.tobytes())
+        header[k] = {
+            "dtype": dtype,
+            "shape": list(v.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        blobs.append(data)
+        offset += len(data)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+    return folder
+
+
+def _truncated(e):
+    folder = _copy(e)
+    path = folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return folder
+
+
+def _fifo_shard(e):
+    from safetensors.numpy import load_file
+
+    folder = _copy(e)
+    names = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    os.mkfifo(folder / "model-00001-of-00001.safetensors")
+    index = {"metadata": {}, "weight_map": dict.fromkeys(names, "model-00001-of-00001.safetensors")}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
+
+
+def _link_out(e):
+    folder = _copy(e)
+    outside = Path(tempfile.mkdtemp(dir=e.scratch)) / "weights.safetensors"
+    (folder / "model.safetensors").rename(outside)
+    (folder / "model.safetensors").symlink_to(outside)
+    return folder
+
+
+def _index_escape(e):
+    """An index naming a shard outside the folder (``../../../../../etc/passwd``)."""
+    from safetensors.numpy import load_file
+
+    folder = _copy(e)
+    names = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    index = {"weight_map": dict.fromkeys(names, "../../../../../etc/passwd")}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
+
+
+def _pickle(e):
+    import torch
+    from safetensors.numpy import load_file
+
+    folder = _copy(e)
+    state = {k: torch.from_numpy(v) for k, v in load_file(folder / "model.safetensors").items()}
+    torch.save(state, folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+def _file_edit(name, text):
+    def make(e):
+        folder = _copy(e)
+        path = folder / name
+        path.unlink() if text is None else path.write_text(text)
+        return folder
+
+    return make
+
+
+def _missing(e):
+    return Path(e.scratch) / "no such folder"
+
+
+FOLDERS = [  # (what, names a clear error gives, maker)
+    ("missing folder", ("path", "folder", "no such folder"), _missing),
+    ("no config.json", "config.json", _file_edit("config.json", None)),
+    ("config.json not JSON", "config.json", _file_edit("config.json", "{not json")),
+    ("config.json a list", "config.json", _file_edit("config.json", "[1, 2]")),
+    ("no weights file", ("model.safetensors", "weights"), _file_edit("model.safetensors", None)),
+    ("unknown model_type", "model_type", lambda e: _config(e, model_type="mamba")),
+    ("model_type missing", "model_type", lambda e: _config(e, model_type=...)),
+    ("vocab_size missing", "vocab_size", lambda e: _config(e, vocab_size=...)),
+    ("vocab_size string", "vocab_size", lambda e: _config(e, vocab_size="40")),
+    ("hidden_size float", "hidden_size", lambda e: _config(e, hidden_size=16.5)),
+    ("num_attention_heads 0", "num_attention_heads", lambda e: _config(e, num_attention_heads=0)),
+    ("rms_norm_eps Infinity", "rms_norm_eps", lambda e: _config(e, rms_norm_eps=INF)),
+    ("rms_norm_eps NaN", "rms_norm_eps", lambda e: _config(e, rms_norm_eps=NAN)),
+    ("rope_theta negative", "rope_theta", lambda e: _config(e, rope_theta=-1.0)),
+    ("max_position_embeddings 0", "max_position_embeddings",
+     lambda e: _config(e, max_position_embeddings=0)),
+    ("num_hidden_layers 10**6", "num_hidden_layers", lambda e: _config(e, num_hidden_layers=10**6)),
+    ("gpt2 n_layer 10**7", "n_layer", lambda e: _config(e, "gpt2", n_layer=10**7)),
+    ("bert type_vocab_size string", "type_vocab_size",
+     lambda e: _config(e, "bert", type_vocab_size="2")),
+    ("t5 relative_attention_num_buckets 1", "relative_attention_num_buckets",
+     lambda e: _config(e, "t5", relative_attention_num_buckets=1)),
+    ("t5 relative_attention_max_distance 4", "relative_attention_max_distance",
+     lambda e: _config(e, "t5", relative_attention_max_distance=4)),
+    ("config dtype float16, tensors float32", ("dtype", "float16"),
+     lambda e: _config(e, dtype="float16", torch_dtype=...)),
+    ("config dtype unknown", "dtype", lambda e: _config(e, dtype="float7", torch_dtype=...)),
+    ("tensor missing", Q, lambda e: _state(e, change=lambda t: (t.pop(Q), t)[1])),
+    ("tensor unexpected", "extra.weight",
+     lambda e: _state(e, change=lambda t: {**t, "extra.weight": np.zeros(3, np.float32)})),
+    ("tensor mis-shaped", Q, lambda e: _state(e, change=lambda t: _edit(t, Q, lambda a: a[:-1]))),
+    ("tensor int32", Q, lambda e: _state(e, change=lambda t: _edit(t, Q, lambda a: a.astype("int32")))),
+    ("NaN weight", Q, lambda e: _state(e, change=lambda t: _edit(t, Q, _nan))),
+    ("float8 tensor (header by hand)", Q, _float8),
+    ("truncated model.safetensors", "model.safetensors", _truncated),
+    ("model.safetensors not safetensors", "model.safetensors",
+     _file_edit("model.safetensors", "hello")),
+    ("a FIFO named as a shard", "model-00001-of-00001.safetensors", _fifo_shard),
+    ("model.safetensors a link out of the folder", ("model.safetensors", "link"), _link_out),
+    ("index naming ../../../../../etc/passwd", ("../../../../../etc/passwd", "passwd"),
+     _index_escape),
+    ("pytorch_model.bin without trust_pickle", ("trust_pickle", "--trust-pickle"), _pickle),
+]  # fmt: skip
+
+T = "checkpoint.from_pretrained"
+for what, names, maker in FOLDERS:
+    case(T, names, what, lambda e, maker=maker: e.call(e.load, maker(e)), paddle=True)
+for what, arg, kw in [
+    ("trust_pickle string", "trust_pickle", {"trust_pickle": "yes"}),
+    ("dtype int8", "dtype", {"dtype": "int8"}),
+    ("framework unknown", "framework", {"framework": "mxnet"}),
+    ("path None", "path", {"path": None}),
+    ("path an int", "path", {"path": 3}),
+]:
+    case(T, arg, what, lambda e, kw=kw: e.call(e.load, kw.pop("path", e.folder("llama")), **kw),
+         paddle=True)  # fmt: skip
+
+
+def _save(e, path=None, **kw):
+    model = e.model("llama")
+    return e.call(model.save_pretrained, Path(e.scratch) / "saved" if path is None else path, **kw)
+
+
+def _unwritable(e):
+    """A folder this process cannot write into (read-only; as root, a folder of /proc)."""
+    if os.geteuid() == 0:
+        return Path("/proc/self/multiattn_save")
+    folder = Path(tempfile.mkdtemp(dir=e.scratch))
+    folder.chmod(0o500)
+    return folder / "model"
+
+
+def _under_a_file(e):
+    parent = Path(tempfile.mkdtemp(dir=e.scratch)) / "a_file"
+    parent.write_text("x")
+    return parent / "model"
+
+
+def _nonempty(e):
+    return _copy(e)
+
+
+T = "checkpoint.save_pretrained"
+for what, arg, build in [
+    ("overwrite string 'no'", "overwrite", lambda e: _save(e, _nonempty(e), overwrite="no")),
+    ("overwrite 1", "overwrite", lambda e: _save(e, overwrite=1)),
+    ("path None", "path", lambda e: e.call(e.model("llama").save_pretrained, None)),
+    ("path an int", "path", lambda e: e.call(e.model("llama").save_pretrained, 3)),
+    ("path a file", "path", lambda e: _save(e, _under_a_file(e).parent)),
+    ("parent a file", ("path", "Not a directory", "a_file"), lambda e: _save(e, _under_a_file(e))),
+    ("folder not empty, no overwrite", ("overwrite", "non-empty"), lambda e: _save(e, _nonempty(e))),
+    ("read-only parent", ("path", "Permission denied", "Read-only", "No such file"),
+     lambda e: _save(e, _unwritable(e))),
+]:  # fmt: skip
+    case(T, arg, what, build, paddle=True)
+
+
+# ---- the CLIs, each run as a subprocess: clear = exit code 1 or 2 and a last line of
+# stderr that names the problem, no traceback
+
+
+class CLIError(ValueError):
+    """A CLI's one-line error (exit code 1 or 2, no traceback)."""
+
+
+_PROGRESS = re.compile(r"\d+%\|")
+
+
+def _cli(argv: list[str], timeout: float = 120) -> str:
+    cmd = [sys.executable, "-c", "import sys; from multiattn.cli import main; sys.exit(main())"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    try:
+        proc = subprocess.run(cmd + argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"hung: still running after {timeout:.0f} s") from None
+    # The last line, progress bars (transformers' "Loading weights: 100%|...") left out.
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not _PROGRESS.search(ln)]
+    lines = lines or [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    last = lines[-1] if lines else "(no message)"
+    if proc.returncode == 0:
+        return f"exit 0: {proc.stdout.strip()[-150:]}"
+    if proc.returncode in (1, 2) and "Traceback (most recent call last)" not in proc.stderr:
+        raise CLIError(last)
+    raise RuntimeError(f"exit {proc.returncode}: {last}")
+
+
+def _cli_case(e, maker, kind):
+    folder = maker(e)
+    out = Path(tempfile.mkdtemp(dir=e.scratch)) / "out"
+    if kind == "port":
+        return e.call(_cli, ["port", "--from", "hf", "--to", "hf", str(folder), str(out)])
+    argv = ["conformance", "--model", str(folder), "--frameworks", "numpy", "--tokens", "2"]
+    return e.call(_cli, [*argv, "--timeout", "100"])
+
+
+CLI_FOLDERS = {"missing folder", "no config.json", "config.json not JSON", "unknown model_type",
+               "vocab_size missing", "bert type_vocab_size string", "rms_norm_eps Infinity",
+               "num_hidden_layers 10**6", "tensor mis-shaped", "NaN weight",
+               "truncated model.safetensors", "a FIFO named as a shard",
+               "model.safetensors a link out of the folder",
+               "index naming ../../../../../etc/passwd", "pytorch_model.bin without trust_pickle"}  # fmt: skip
+for what, names, maker in FOLDERS:
+    if what in CLI_FOLDERS:
+        for kind in ("port", "conformance"):
+            build = functools.partial(_cli_case, maker=maker, kind=kind)
+            case(f"cli.{kind}", names, what, build, only=("numpy",))
+for what, arg, argv in [
+    ("port: --to hf into a parent that is a file", ("dst", "a_file", "Not a directory"),
+     lambda e, f: ["port", "--from", "hf", "--to", "hf", f, str(_under_a_file(e))]),
+    ("port: --max-size 1 on a bigger folder", ("--max-size", "max-size", "max_size"),
+     lambda e, f: ["port", "--from", "hf", "--to", "hf", "--max-size", "1", f,
+                   str(Path(tempfile.mkdtemp(dir=e.scratch)) / "out")]),
+    ("port: --num-heads with --from hf", ("--num-heads", "num-heads"),
+     lambda e, f: ["port", "--from", "hf", "--to", "hf", "--num-heads", "3", f,
+                   str(Path(tempfile.mkdtemp(dir=e.scratch)) / "out")]),
+    ("conformance: --length past the context", ("--length", "length", "max_position_embeddings"),
+     lambda e, f: ["conformance", "--model", f, "--frameworks", "numpy", "--length", "100"]),
+    ("conformance: --json into a missing folder", ("--json", "json"),
+     lambda e, f: ["conformance", "--model", f, "--frameworks", "numpy", "--json",
+                   str(Path(e.scratch) / "missing" / "r.json")]),
+]:  # fmt: skip
+    target = "cli.port" if what.startswith("port") else "cli.conformance"
+    case(target, arg, what.split(": ", 1)[1],
+         lambda e, argv=argv: e.call(_cli, argv(e, str(e.folder("llama")))), only=("numpy",))  # fmt: skip
+
+
 # ---- the harness's own checks (tests/test_bad_input_sweep.py), only on request
 
 
@@ -1178,6 +1647,45 @@ class Env:
         from multiattn import layers, ops
 
         self.keras, self.ops, self.layers = keras, ops, layers
+        self._scratch: tempfile.TemporaryDirectory | None = None
+        self._folders: dict[str, Path] = {}
+        self._models: dict[str, Any] = {}
+
+    # the model surfaces: tiny transformers models, made once per worker ------------------
+    @property
+    def scratch(self) -> str:
+        """This worker's temporary folder (removed when the worker ends)."""
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="bad_input_models_")
+        return self._scratch.name
+
+    def folder(self, name: str) -> Path:
+        """A transformers ``save_pretrained`` folder of `HF_MODELS` ``name`` (seed 0)."""
+        if name not in self._folders:
+            import torch
+            import transformers
+
+            model_cls, config_cls, kw = HF_MODELS[name]
+            torch.manual_seed(0)
+            config = getattr(transformers, config_cls)(**kw)
+            path = Path(self.scratch) / f"hf_{name}"
+            getattr(transformers, model_cls)(config).save_pretrained(path)
+            self._folders[name] = path
+        return self._folders[name]
+
+    def load(self, path: Any, **kw: Any) -> Any:
+        """``from_pretrained(path, **kw)``, with framework="paddle" on Paddle."""
+        from multiattn.models import from_pretrained
+
+        if self.backend == "paddle":
+            kw.setdefault("framework", "paddle")
+        return from_pretrained(path, **kw)
+
+    def model(self, name: str) -> Any:
+        """`folder` ``name`` loaded (once per worker)."""
+        if name not in self._models:
+            self._models[name] = self.load(self.folder(name))
+        return self._models[name]
 
     def versions(self) -> dict[str, str]:
         out = {"keras": self.keras.__version__, "keras_backend": self.keras.backend.backend()}
@@ -1321,6 +1829,13 @@ def worker(backend: str, ids_file: str, results_file: str) -> None:
     warnings.simplefilter("ignore")
     by_id = {c.id: c for c in CASES}
     ids = json.loads(Path(ids_file).read_text())
+    if any(not by_id[cid].target.startswith(("ops.", "layers.", "_selftest")) for cid in ids):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if backend != "paddle":  # torch's stack before TensorFlow (conformance/import_order.py)
+            from conformance.import_order import import_triton_first
+
+            import_triton_first()
+            import transformers  # noqa: F401
     with open(results_file, "a", encoding="utf-8") as out:
         env = Env(backend)
         _emit(out, {"event": "versions", "versions": env.versions()})
@@ -1334,7 +1849,7 @@ def worker(backend: str, ids_file: str, results_file: str) -> None:
 
 
 def cases_for(backend: str, patterns: Sequence[str] = ()) -> list[Case]:
-    chosen = [c for c in CASES if backend != "paddle" or c.paddle]
+    chosen = [c for c in CASES if c.runs_on(backend)]
     if patterns:
         chosen = [c for c in chosen if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
     return chosen
@@ -1518,6 +2033,15 @@ def render(report: dict, details: bool, width: int = 160) -> None:
             style="bold",
         )
     console.print(table)
+    surfaces = surface_counts(report)
+    if len(surfaces) > 1:
+        by = Table(title="Runs per surface (every backend)", title_justify="left")
+        by.add_column("surface")
+        for col in ("runs", "clear", "unclear", "silent", "not run", "setup error"):
+            by.add_column(col, justify="right")
+        for name, c in surfaces.items():
+            by.add_row(name, str(sum(c.values())), *(str(c[k]) for k in (*OUTCOMES, *EXTRA)))
+        console.print(by)
     if not details:
         return
     grouped = group_non_clear(report)
@@ -1545,6 +2069,18 @@ def render(report: dict, details: bool, width: int = 160) -> None:
             Text(_short(happened, 200)),
         )
     console.print(det)
+
+
+def surface_counts(report: dict) -> dict[str, dict[str, int]]:
+    """The counts of every backend's runs per surface (`Case.surface`), catalogue order."""
+    surface = {c["id"]: c.get("surface", c["target"]) for c in report["catalogue"]}
+    out: dict[str, dict[str, int]] = {}
+    for s in surface.values():
+        out.setdefault(s, {k: 0 for k in (*OUTCOMES, *EXTRA)})
+    for b in report["backends"]:
+        for r in b["results"]:
+            out[surface[r["id"]]][r["outcome"]] += 1
+    return {k: v for k, v in out.items() if sum(v.values())}
 
 
 def group_non_clear(report: dict) -> list[dict]:
@@ -1592,7 +2128,8 @@ def sweep(backends: Sequence[str], patterns: Sequence[str], timeout: float) -> d
                 "target": c.target,
                 "args": list(c.args),
                 "what": c.what,
-                "backends": [b for b in BACKENDS if b != "paddle" or c.paddle],
+                "surface": c.surface,
+                "backends": [b for b in BACKENDS if c.runs_on(b)],
             }
             for c in CASES
             if not patterns or any(fnmatch.fnmatchcase(c.id, p) for p in patterns)
@@ -1632,7 +2169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         for c in CASES:
             if not args.cases or any(fnmatch.fnmatchcase(c.id, p) for p in args.cases):
-                flag = "" if c.paddle else "  (no paddle)"
+                flag = f"  (only {', '.join(c.only)})" if c.only else ""
+                flag += "" if c.paddle or c.only else "  (no paddle)"
                 print(f"{c.id}  [must name: {', '.join(c.args)}]{flag}")
         return 0
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
