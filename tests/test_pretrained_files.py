@@ -503,3 +503,34 @@ def test_a_cache_snapshot_link_anywhere_else_is_refused(tmp_path, where):
     (snapshot / "model.safetensors").symlink_to(elsewhere / "weights")
     with pytest.raises(ValueError, match="outside the model folder"):
         read_folder(snapshot)
+
+
+LLAMA_CONFIG = {
+    "model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 12,
+    "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16,
+    "rms_norm_eps": 1e-6,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"rope_theta": -1.0}, r"`rope_theta` must be a positive finite number; received -1\.0"),
+        (
+            {"rope_theta": -1.0, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+            r"`rope_theta` must be a positive finite number",
+        ),
+        (
+            {"rope_theta": 5e5, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+            r"`rope_theta` \(500000\.0\) and `rope_parameters\.rope_theta` \(10000\.0\) disagree",
+        ),
+    ],
+)
+def test_a_rotary_base_is_checked_wherever_the_config_gives_it(change, match):
+    with pytest.raises(ValueError, match=match):
+        FAMILIES["llama"].check_config({**LLAMA_CONFIG, **change}, "t")
+
+
+def test_a_rotary_base_given_twice_alike_is_accepted():
+    both = {"rope_theta": 1e4, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+    assert FAMILIES["llama"].check_config({**LLAMA_CONFIG, **both}, "t")["rope_theta"] == 1e4

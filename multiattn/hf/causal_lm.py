@@ -169,8 +169,16 @@ def _rope(raw: dict, where: str) -> tuple[float, dict | None]:
     if not isinstance(params, dict):
         raise ValueError(f"{where}: `rope_parameters` must be an object; received {params!r}.")
     params = dict(params)
-    theta = params.pop("rope_theta", raw.get("rope_theta", 10000.0))
-    theta = _positive({"rope_theta": theta}, "rope_theta", where)
+    theta = _positive(raw, "rope_theta", where, 10000.0)  # checked even when overridden
+    if "rope_theta" in params:
+        inner = _positive(params, "rope_theta", where)
+        if "rope_theta" in raw and inner != theta:
+            raise ValueError(
+                f"{where}: `rope_theta` ({raw['rope_theta']!r}) and "
+                f"`rope_parameters.rope_theta` ({params['rope_theta']!r}) disagree."
+            )
+        theta = inner
+        params.pop("rope_theta")
     scaling = raw.get("rope_scaling") or params or None
     try:
         scaling = check_rotary_scaling(where, scaling, "rope_scaling")

@@ -177,6 +177,10 @@ def _neutral(entries: list, state: Tensors, where: str) -> Lazy:
     return Lazy(by_name, make)
 
 
+#: the config keys that give a family's number of blocks
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
+
+
 def check_state(family: Family, sizes: dict, state: Mapping, where: str) -> tuple[Lazy, list]:
     """Checks names, shapes and dtypes (from the headers: no tensor is read); returns
     ``(neutral weights, ignored head tensors)``. The neutral weights are a `Lazy`
@@ -191,9 +195,10 @@ def check_state(family: Family, sizes: dict, state: Mapping, where: str) -> tupl
     state, ignored = _base_state(family, as_tensors(state))
     layers = sum(v for k, v in sizes.items() if k.startswith("num_") and k.endswith("layers"))
     if layers > len(state):  # each block has tensors: checked before listing them
+        keys = [k for k in family.keys if k in _LAYER_KEYS]
         raise ValueError(
-            f"{where}: the config gives {layers} blocks but the weights hold only "
-            f"{len(state)} tensors."
+            f"{where}: the config gives {layers} blocks (`{'`, `'.join(keys)}`) but the "
+            f"weights hold only {len(state)} tensors."
         )
     has_pooler = "pooler.dense.weight" in state or "pooler.dense.bias" in state
     entries = family.entries(sizes, pooler=has_pooler)
