@@ -552,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # multiattn's own checks first: transformers opens whatever the folder names
         loaded = read_folder(args.model)
+        for name in loaded.weights:  # each read once, one at a time: NaN and Inf refused
+            loaded.weights[name]
     except (ValueError, TypeError) as err:
         print(f"conformance --model: {err}", file=sys.stderr)
         return 2

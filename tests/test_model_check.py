@@ -246,3 +246,17 @@ def test_a_length_past_the_models_context_is_refused_with_the_reason(bert_folder
     assert proc.returncode == 2
     assert f"pass the model's context of {context} positions" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_non_finite_weight_is_refused_before_transformers_reads_the_folder(bert_folder, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "nan"
+    shutil.copytree(bert_folder, folder)
+    state = load_file(folder / "model.safetensors")
+    state["embeddings.word_embeddings.weight"][2, 3] = np.nan
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    proc = _cli("--model", str(folder), "--frameworks", "numpy")
+    assert proc.returncode == 2
+    assert "'embeddings.word_embeddings.weight' holds 1 non-finite value(s)" in proc.stderr
+    assert "Loading weights" not in proc.stderr  # transformers never started
