@@ -213,7 +213,7 @@ def test_bad_generate_inputs(tmp_path):
         model.generate(ids, max_new_tokens=CONTEXT - 8)
     model.generate(ids, max_new_tokens=CONTEXT - 9)  # exactly fills the context
     long = np.ones((1, CONTEXT + 1), np.int64)
-    with pytest.raises(ValueError, match=f"prompt holds {CONTEXT + 1} tokens"):
+    with pytest.raises(ValueError, match=rf"prompt \(`input_ids`\) holds {CONTEXT + 1} tokens"):
         model.generate(long, max_new_tokens=1)
     with pytest.raises(ValueError, match="max_positions"):
         model(input_ids=long)
