@@ -206,7 +206,9 @@ def test_from_pretrained_refuses_a_config_with_more_blocks_than_the_weights_hold
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**6}))
     # refused from the counts, before the million blocks' tensors are listed
-    with pytest.raises(ValueError, match=r"1000000 blocks \(`num_hidden_layers`\) but the weights hold"):
+    with pytest.raises(
+        ValueError, match=r"1000000 blocks \(`num_hidden_layers`\) but the weights hold"
+    ):
         from_pretrained(tmp_path)
 
 
