@@ -196,8 +196,9 @@ def test_paths_out_of_the_model_folder_are_refused(tmp_path):
     assert load_checkpoint(model)[0] == CONFIG
 
 
-def test_root_allows_a_cache_layout(tmp_path):
-    """A Hugging Face cache snapshot links its files into ../../blobs: allowed with `root`."""
+def test_a_cache_snapshot_loads_with_or_without_root(tmp_path):
+    """A Hugging Face cache snapshot links its files into ../../blobs: the layout is
+    recognised, so it loads as it is (and with `root`); a link elsewhere is refused."""
     from multiattn.hf.bert_weights import load_checkpoint
 
     repo = tmp_path / "models--x"
@@ -212,9 +213,14 @@ def test_root_allows_a_cache_layout(tmp_path):
     (snapshot / "1_Pooling").mkdir()
     (snapshot / "1_Pooling" / "config.json").write_bytes(
         (source / "1_Pooling" / "config.json").read_bytes())  # fmt: skip
+    assert load_checkpoint(snapshot)[0] == CONFIG
+    assert load_checkpoint(snapshot, root=repo)[0] == CONFIG
+    (repo / "elsewhere").mkdir()
+    (repo / "elsewhere" / "modules.json").write_bytes((source / "modules.json").read_bytes())
+    (snapshot / "modules.json").unlink()
+    (snapshot / "modules.json").symlink_to(repo / "elsewhere" / "modules.json")
     with pytest.raises(ValueError, match="outside the model folder"):
         load_checkpoint(snapshot)
-    assert load_checkpoint(snapshot, root=repo)[0] == CONFIG
 
 
 @pytest.mark.parametrize(
