@@ -9,7 +9,9 @@ functions for every supported module:
 * `convert(module, to)`: an equivalent module in another framework.
 
 Supported: `multiattn.layers.MultiHeadAttention` (grouped heads and rotary position
-embedding included), ``TransformerEncoderLayer`` and ``AdditiveAttention``;
+embedding included), ``TransformerEncoderLayer``, ``AdditiveAttention``, and the decoder
+blocks ``TransformerDecoderLayer`` and ``TransformerDecoderOnlyLayer`` (multiattn's
+layers and their Paddle twins only, `multiattn.port.decoders`);
 ``keras.layers.MultiHeadAttention`` and ``GroupQueryAttention``;
 ``torch.nn.MultiheadAttention`` and ``TransformerEncoderLayer``;
 ``paddle.nn.MultiHeadAttention`` and ``TransformerEncoderLayer``;

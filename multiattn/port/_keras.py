@@ -18,9 +18,12 @@ import keras
 import numpy as np
 
 from ..namespaces.keras import framework_of, get_ops
+from .decoders import DECODER_KINDS, DEFAULTS
 from .layout import (
     BEHAVIOUR_KEYS,
     DEFAULT_ROTARY_BASE,
+    SETTING_KEYS,
+    check_config,
     encoder_attention_config,
     refuse_settings,
 )
@@ -63,6 +66,8 @@ def _classes(target: str) -> dict[type, str]:
             m.GroupedQueryAttention: "mha",
             m.TransformerEncoderLayer: "encoder",
             m.AdditiveAttention: "additive",
+            m.TransformerDecoderLayer: "decoder",
+            m.TransformerDecoderOnlyLayer: "decoder_only",
         }
     if target == "keras":
         classes = {keras.layers.MultiHeadAttention: "mha"}
@@ -125,6 +130,10 @@ def settings(target: str, module: Any) -> dict:
     """The module's settings, without building or reading it."""
     if target in _MA_TARGETS and kind_of(target, module) == "mha":
         return _ma_settings(module)
+    if target in _MA_TARGETS and kind_of(target, module) in DECODER_KINDS:
+        kind = kind_of(target, module)
+        config = _block_config(kind, module)
+        return {k: config[k] for k in SETTING_KEYS[kind] if k in config}
     if target == "keras" and _is_gqa(module):
         return _gqa_settings(module)
     return {}
@@ -191,9 +200,51 @@ def _norms_ffn(ffn_1: Any, ffn_2: Any, norm_1: Any, norm_2: Any) -> dict:
     }
 
 
+# --- the decoder blocks (multiattn's layers only): their own variable paths ----------
+
+
+def _block_config(kind: str, module: Any) -> dict:
+    """The neutral config of a decoder block, from its options (`multiattn.port.decoders`);
+    an option of the block that the layout does not hold, set to other than its default,
+    is refused by name."""
+    if kind == "decoder_only":
+        fields = module.config.to_dict()
+        known = {"d_model", "num_heads", "dff", "rate", *DEFAULTS[kind]}
+        for name in sorted(set(fields) - known):
+            default = type(module.config).__dataclass_fields__[name].default
+            if fields[name] != default:
+                raise ValueError(
+                    f"multiattn.port: {type(module).__name__} {module.name!r} has "
+                    f"{name}={fields[name]!r}, an option the neutral layout does not hold "
+                    "(see multiattn.port.decoders)."
+                )
+        config = {k: v for k, v in fields.items() if k in known}
+    else:
+        config = {k: getattr(module, k) for k in ("d_model", "num_heads", "dff", "rate",
+                  "norm_first", "epsilon", "activation", "num_key_value_heads",
+                  "rotary_max_length")}  # fmt: skip
+        if module.built:
+            config["context_width"] = int(module.cross_attention.key_kernel.shape[0])
+    config["dropout"] = config.pop("rate")
+    return check_config(kind, config)
+
+
+def _block_names(module: Any) -> dict[str, Any]:
+    """Neutral name -> variable of a decoder block (``attention_output`` is the layout's
+    ``output``, as in the ``mha`` kind)."""
+    out = {}
+    for v in module.weights:
+        name = v.path.split(module.name + "/", 1)[1]
+        out[name.replace("/attention_output/", "/output/")] = v
+    return out
+
+
 def read(target: str, module: Any) -> tuple[str, dict, dict]:
     kind = kind_of(target, module)
     _require_built(module)
+    if kind in DECODER_KINDS:
+        weights = {name: _np(v) for name, v in _block_names(module).items()}
+        return kind, _block_config(kind, module), weights
     if kind == "additive":
         w = {
             "query/kernel": _np(module.w_q),
@@ -237,8 +288,11 @@ def _build_from(module: Any, kind: str, config: dict) -> None:
         c = config
         module.build((None, None, c["query_width"]), (None, None, c["value_width"]),
                      (None, None, c["key_width"]))  # fmt: skip
-    elif kind == "encoder":
+    elif kind == "encoder" or kind == "decoder_only":
         module.build((None, None, config["d_model"]))
+    elif kind == "decoder":
+        e = config["d_model"]
+        module.build((None, None, e), (None, None, config.get("context_width", e)))
     else:
         q, k = config["query_width"], config["key_width"]
         module.build((None, None, q), (None, None, k), (None, None, k))
@@ -246,6 +300,12 @@ def _build_from(module: Any, kind: str, config: dict) -> None:
 
 def config_of(target: str, module: Any, arrays: dict) -> dict:
     kind = kind_of(target, module)
+    if kind in DECODER_KINDS:
+        if not module.built:  # the block's options fix every shape but the context's
+            width = arrays.get("cross_attention/key/kernel")
+            extra = {} if width is None else {"context_width": int(np.shape(width)[0])}
+            _build_from(module, kind, {**_block_config(kind, module), **extra})
+        return _block_config(kind, module)
     if not module.built:
         if target == "tensorflow-doc" and kind == "mha":
             c = infer_config("neutral", "mha", arrays)
@@ -281,6 +341,10 @@ def _write_norms_ffn(w: dict, ffn_1: Any, ffn_2: Any, norm_1: Any, norm_2: Any) 
 
 
 def write(target: str, module: Any, kind: str, config: dict, w: dict) -> None:
+    if kind in DECODER_KINDS:
+        for name, variable in _block_names(module).items():
+            _assign(variable, w[name])
+        return
     if kind == "additive":
         for name, var in (("query", module.w_q), ("key", module.w_k), ("score", module.w_v)):
             _assign(var, w[f"{name}/kernel"])
@@ -353,6 +417,15 @@ def _build_keras(kind: str, c: dict, dtype: Any) -> Any:
     return layer
 
 
+def _build_block(m: Any, kind: str, c: dict, dtype: Any) -> Any:
+    """A decoder block of `multiattn.layers` (or its Paddle twin ``m``) from its config."""
+    options = {k: v for k, v in c.items() if k not in ("dropout", "context_width")}
+    options["rate"] = c.get("dropout", DEFAULTS[kind]["dropout"][1])
+    if kind == "decoder_only":
+        return m.TransformerDecoderOnlyLayer(config=options, dtype=dtype)
+    return m.TransformerDecoderLayer(**options, dtype=dtype)
+
+
 def build(target: str, kind: str, config: dict, options: dict) -> Any:
     dtype = options.pop("dtype", None)
     if options:
@@ -373,6 +446,8 @@ def build(target: str, kind: str, config: dict, options: dict) -> Any:
                 rotary_base=c.get("rotary_base", DEFAULT_ROTARY_BASE),
                 dtype=dtype,
             )
+        elif kind in DECODER_KINDS:
+            layer = _build_block(m, kind, c, dtype)
         elif kind == "encoder":
             extra = {k: c[k] for k in ("norm_first", "epsilon", "activation") if k in c}
             layer = m.TransformerEncoderLayer(

@@ -10,6 +10,7 @@ import importlib
 import sys
 from typing import Any
 
+from .decoders import DECODER_KINDS
 from .layout import (
     SETTING_KEYS,
     PortableWeights,
@@ -52,7 +53,8 @@ def detect(module: Any) -> str:
     raise TypeError(
         "multiattn.port: unsupported module of type "
         f"{type(module).__module__}.{type(module).__qualname__}; supported: multiattn.layers."
-        "MultiHeadAttention/TransformerEncoderLayer/AdditiveAttention, keras.layers."
+        "MultiHeadAttention/TransformerEncoderLayer/TransformerDecoderLayer/"
+        "TransformerDecoderOnlyLayer/AdditiveAttention, keras.layers."
         "MultiHeadAttention, torch.nn.MultiheadAttention/TransformerEncoderLayer, paddle.nn."
         "MultiHeadAttention/TransformerEncoderLayer, flax.nnx.MultiHeadAttention and the "
         "document adapters."
@@ -144,6 +146,11 @@ def build(target: str, kind: str, config: dict, **options: Any) -> Any:
     framework). ``options`` are target-specific (see `convert`)."""
     if target not in _HANDLERS:
         raise ValueError(f"`to` must be one of {', '.join(TARGETS)}; received {target!r}.")
+    if kind in DECODER_KINDS and target not in ("multiattn", "multiattn-paddle"):
+        raise ValueError(
+            f"convert(to={target!r}): only multiattn's layers hold a {kind} block (the "
+            f"targets 'multiattn' and 'multiattn-paddle'); received kind {kind!r}."
+        )
     loaded = _HANDLERS[target][0]
     if target.endswith("-doc") and loaded not in sys.modules:
         importlib.import_module(loaded)  # the adapter selects its Keras backend on import

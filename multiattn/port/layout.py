@@ -19,6 +19,10 @@ Weights are a flat ``dict`` of NumPy arrays whose names and shapes follow
 ``additive`` (additive attention, document 002)
     ``query/kernel (E_q, U)``, ``key/kernel (E_k, U)``, ``score/kernel (U,)``.
 
+``decoder`` and ``decoder_only`` (`multiattn.layers.TransformerDecoderLayer` and
+``TransformerDecoderOnlyLayer``; only multiattn's layers and their Paddle twins hold them)
+    see `multiattn.port.decoders`.
+
 The config (`CONFIG_KEYS`) holds what is needed to rebuild the module: the shape keys fix
 every weight's shape, the optional behaviour keys (``dropout``, ``norm_first``, ``epsilon``,
 ``activation``) default to the target framework's own default when absent.
@@ -41,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import is_floating
+from .decoders import DECODER_KINDS, DEFAULTS, check_decoder_config, decoder_shapes
 
 __all__ = [
     "BEHAVIOUR_KEYS",
@@ -57,7 +62,7 @@ __all__ = [
     "structure",
 ]
 
-KINDS = ("mha", "encoder", "additive")
+KINDS = ("mha", "encoder", "additive", *DECODER_KINDS)
 
 #: Required config keys of each kind (all positive ints, ``use_bias`` a bool).
 CONFIG_KEYS: dict[str, tuple[str, ...]] = {
@@ -73,6 +78,7 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     ),
     "encoder": ("d_model", "num_heads", "dff"),
     "additive": ("units", "query_width", "key_width"),
+    **dict.fromkeys(DECODER_KINDS, ("d_model", "num_heads", "dff")),
 }
 
 #: Optional behaviour keys of each kind and their types.
@@ -90,6 +96,8 @@ OPTIONAL_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "activation": str,
     },
     "additive": {"dropout": (int, float)},
+    # checked by `multiattn.port.decoders.check_decoder_config`: the types are its rules
+    **{kind: dict.fromkeys(DEFAULTS[kind], object) for kind in DECODER_KINDS},
 }
 
 #: Optional keys that record behaviour only: a target that is not given one uses its own
@@ -101,7 +109,9 @@ SETTING_KEYS: dict[str, tuple[str, ...]] = {
     "mha": ("num_key_value_heads", "rotary_max_length", "rotary_base"),
     "encoder": (),
     "additive": (),
-}
+    **{kind: tuple(k for k in DEFAULTS[kind] if k not in (*BEHAVIOUR_KEYS, "context_width"))
+       for kind in DECODER_KINDS},
+}  # fmt: skip
 
 #: The wavelength base `multiattn.layers.MultiHeadAttention` uses when none is given.
 DEFAULT_ROTARY_BASE = 10000.0
@@ -123,6 +133,8 @@ def check_config(kind: str, config: dict) -> dict:
     _check_kind(kind)
     if not isinstance(config, dict):
         raise TypeError(f"`config` must be a dict; received {type(config).__name__}.")
+    if kind in DECODER_KINDS:
+        return check_decoder_config(kind, config)
     required, optional = CONFIG_KEYS[kind], OPTIONAL_KEYS[kind]
     unknown = sorted(set(config) - set(required) - set(optional))
     if unknown:
@@ -282,6 +294,8 @@ def encoder_attention_config(config: dict) -> dict:
 def expected_shapes(kind: str, config: dict) -> dict[str, tuple[int, ...]]:
     """Every neutral weight name of a ``kind`` module with ``config``, with its shape."""
     c = check_config(kind, config)
+    if kind in DECODER_KINDS:
+        return decoder_shapes(kind, c)
     if kind == "mha":
         return _mha_shapes(c)
     if kind == "additive":
@@ -350,7 +364,8 @@ class PortableWeights:
     """A module's weights in the neutral layout, with the config that rebuilds it.
 
     Attributes:
-        kind: ``"mha"``, ``"encoder"`` or ``"additive"``.
+        kind: one of `KINDS`: ``"mha"``, ``"encoder"``, ``"additive"``, ``"decoder"`` or
+            ``"decoder_only"``.
         config: the shape keys of `CONFIG_KEYS` and any optional behaviour keys.
         weights: neutral name -> NumPy array (see the module docstring for the shapes);
             arrays keep the source's dtype (float32 for most modules).
