@@ -353,3 +353,14 @@ def is_floating(dtype: Any) -> bool:
     ml_dtypes' float8 types are not included)."""
     dtype = np.dtype(dtype)
     return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def check_mask_dtype(where: str, name: str, dtype: str) -> None:
+    """A padding mask's dtype (its name: ``"bool"``, ``"int64"``, ``"<U1"``, ...) must be
+    bool, integer or floating: ValueError naming ``name`` and the dtype otherwise (strings,
+    objects, complex), before a framework converts it with a message naming neither."""
+    if dtype != "bool" and not dtype.startswith(("int", "uint", "float", "bfloat")):
+        raise ValueError(
+            f"{where}: `{name}` must hold 1 / True for real tokens and 0 / False for padding "
+            f"(bool, integer or floating); received {dtype}."
+        )

@@ -22,6 +22,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .._checks import check_mask_dtype
 from ._tensors import Lazy
 from .families import Family, to_hf
 from .files import checkpoint_dtype, read_folder, write_folder
@@ -33,11 +34,16 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 HALF = ("float16", "bfloat16")
 
 
+def _is_numpy(value: Any) -> bool:
+    """A NumPy array or a nested list (not None, not a framework tensor)."""
+    return value is not None and (isinstance(value, np.ndarray) or not hasattr(value, "dtype"))
+
+
 def _check_int32_ids(where: str, name: str, value: Any) -> None:
     """NumPy (or list) ids beyond int32 refused before a framework converts them: jax
     without 64-bit mode casts int64 to int32 and wraps (``2**32 + 5`` would read id 5).
     The model's call checks the range against its vocabulary."""
-    if value is None or (hasattr(value, "dtype") and not isinstance(value, np.ndarray)):
+    if not _is_numpy(value):
         return  # a framework tensor: its values reach the model as they are
     arr = np.asarray(value)
     if arr.dtype.kind in "iu" and arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
@@ -113,6 +119,8 @@ class PretrainedModel:
         for name, value in inputs.items():
             if name.endswith("_ids"):
                 _check_int32_ids(self.family.architecture, name, value)
+            elif name.endswith("attention_mask") and _is_numpy(value):
+                check_mask_dtype(self.family.architecture, name, str(np.asarray(value).dtype))
         return dict(self.layer(**{k: v for k, v in inputs.items() if v is not None}))
 
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -15,10 +15,10 @@ from typing import Any
 import keras
 import numpy as np
 
-from .._checks import concrete
+from .._checks import check_mask_dtype, concrete
 from ..namespaces.keras import get_ops
 
-__all__ = ["poison", "token_ids"]
+__all__ = ["padding_mask", "poison", "token_ids"]
 
 
 def token_ids(where: str, name: str, ids: Any, vocab: int) -> tuple[Any, Any]:
@@ -34,10 +34,7 @@ def token_ids(where: str, name: str, ids: Any, vocab: int) -> tuple[Any, Any]:
     """
     raw = ids if hasattr(ids, "shape") and hasattr(ids, "dtype") else np.asarray(ids)
     ns = get_ops(raw, names=(name,), where=where)
-    try:
-        dtype = ns.dtype_name(raw)
-    except (ValueError, TypeError):  # strings, objects: no framework dtype
-        dtype = str(raw.dtype)
+    dtype = _dtype(ns, raw)
     if len(raw.shape) != 2 or not dtype.startswith(("int", "uint")):
         raise ValueError(
             f"{where}: `{name}` must be an integer (batch, seq) array; received shape "
@@ -61,6 +58,32 @@ def token_ids(where: str, name: str, ids: Any, vocab: int) -> tuple[Any, Any]:
     tensor = ops.convert_to_tensor(raw)
     valid = ops.logical_and(ops.greater_equal(tensor, 0), ops.less(tensor, vocab))
     return ops.cast(ops.where(valid, tensor, 0), "int32"), valid
+
+
+def _dtype(ns: Any, raw: Any) -> str:
+    try:
+        return ns.dtype_name(raw)
+    except (ValueError, TypeError):  # strings, objects: no framework dtype
+        return str(raw.dtype)
+
+
+def padding_mask(where: str, name: str, mask: Any, ids: Any) -> Any:
+    """``mask`` (NumPy, a nested list or a tensor; non-zero / True = a real token, 0 /
+    False = padding) as a tensor of its own dtype, checked to be bool, integer or floating
+    and of the shape of ``ids``.
+
+    Raises:
+        ValueError: another dtype (strings, objects, complex) or another shape, naming
+            ``name``, the dtype or both shapes.
+    """
+    raw = mask if hasattr(mask, "shape") and hasattr(mask, "dtype") else np.asarray(mask)
+    check_mask_dtype(where, name, _dtype(get_ops(raw, names=(name,), where=where), raw))
+    if tuple(raw.shape) != tuple(ids.shape):
+        raise ValueError(
+            f"{where}: `{name}` must have the shape of the ids {tuple(ids.shape)}; received "
+            f"{tuple(raw.shape)}."
+        )
+    return keras.ops.convert_to_tensor(raw)
 
 
 def poison(x: Any, valid: Any) -> Any:

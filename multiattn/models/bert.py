@@ -20,7 +20,7 @@ from .._checks import check_positive_int
 from ..hf.bert_weights import SentenceOptions, bert_sizes, layer_weights, load_checkpoint
 from ..layers import LayerNormalization, TransformerEncoderLayer
 from ..layers._base import keras_default
-from ._ids import poison
+from ._ids import padding_mask, poison
 from ._ids import token_ids as checked_ids
 
 __all__ = [
@@ -125,12 +125,7 @@ class _BertStack(keras.layers.Layer):
         token_ids, valid = checked_ids(where, n, token_ids, self.vocab_size)
         if attention_mask is None:
             attention_mask = ops.ones_like(token_ids)
-        attention_mask = ops.convert_to_tensor(attention_mask)
-        if tuple(attention_mask.shape) != tuple(token_ids.shape):
-            raise ValueError(
-                f"{where}: `{n}` and `attention_mask` must be (batch, seq) of one shape; received "
-                f"{tuple(token_ids.shape)} and {tuple(attention_mask.shape)}."
-            )
+        attention_mask = padding_mask(where, "attention_mask", attention_mask, token_ids)
         seq = token_ids.shape[1]
         if seq is not None and seq > self.max_positions:
             raise ValueError(

@@ -35,7 +35,7 @@ from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnl
 from ..layers._base import call_sublayer
 from ..layers.decoder_only import DecoderBlockConfig, block_config
 from ..namespaces.keras import get_ops
-from ._ids import poison, token_ids
+from ._ids import padding_mask, poison, token_ids
 from .bert import assign_weight
 
 __all__ = ["CausalLM", "CausalLMConfig"]
@@ -195,12 +195,7 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         ids, valid = token_ids("CausalLM", "input_ids", input_ids, self.vocab_size)
         if attention_mask is None:
             return ids, valid, ops.ones_like(ids)
-        mask = ops.convert_to_tensor(attention_mask)
-        if tuple(mask.shape) != tuple(ids.shape):
-            raise ValueError(
-                f"CausalLM: `attention_mask` must have the shape of `input_ids` "
-                f"{tuple(ids.shape)}; received {tuple(mask.shape)}."
-            )
+        mask = padding_mask("CausalLM", "attention_mask", attention_mask, ids)
         return ids, valid, ops.cast(ops.not_equal(mask, 0), "int32")
 
     def call(self, input_ids, attention_mask=None):

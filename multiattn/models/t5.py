@@ -36,7 +36,7 @@ from ..decoding.generation import (
 from ..layers import FeedForward, MultiHeadAttention, RMSNormalization
 from ..ops.activations import check_activation
 from ..ops.normalization import check_epsilon
-from ._ids import poison, token_ids
+from ._ids import padding_mask, poison, token_ids
 from .bert import assign_weight
 from .causal_lm import step_ids, step_index
 
@@ -315,12 +315,7 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
         ops = keras.ops
         if mask is None:
             return None
-        mask = ops.convert_to_tensor(mask)
-        if tuple(mask.shape) != tuple(ids.shape):
-            raise ValueError(
-                f"T5ForConditionalGeneration: `{name}` must have the shape of the ids "
-                f"{tuple(ids.shape)}; received {tuple(mask.shape)}."
-            )
+        mask = padding_mask("T5ForConditionalGeneration", name, mask, ids)
         return ops.reshape(ops.not_equal(mask, 0), (ids.shape[0], 1, 1, ids.shape[1]))
 
     def encode(self, input_ids, attention_mask=None):

@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import paddle
 
-from .._checks import describe
+from .._checks import describe, is_floating
 from ..namespaces.keras import framework_of, get_ops
 from ..ops.activations import activation, check_activation
 
@@ -279,6 +279,12 @@ class PaddleLayer(paddle.nn.Layer):
             )
         if isinstance(x, (np.ndarray, np.generic)):
             kind = np.asarray(x).dtype.kind
+            if kind not in "biuf" and not is_floating(np.asarray(x).dtype):  # strings, objects,
+                # complex: paddle's own error names no argument
+                raise TypeError(
+                    f"{self._where()}: `{name}` must be a bool, integer or floating array; "
+                    f"received dtype {np.asarray(x).dtype}."
+                )
             return paddle.to_tensor(x, dtype=self.compute_dtype if kind == "f" else None)
         if isinstance(x, paddle.Tensor) and x.is_floating_point():
             if get_ops(x).dtype_name(x) != self.compute_dtype:

@@ -66,6 +66,22 @@ def test_model_call_refuses_ids_outside_the_vocabulary(loaded, name, bad, named)
         model(**_inputs(name, bad))
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize(
+    "mask, named",
+    [
+        (np.array([["1", "1", "0"]]), "received <U1"),  # strings: the framework's own error
+        (np.array([[1, None, 1]], dtype=object), "received object"),
+        (np.array([[1 + 0j, 1, 0]]), "received complex128"),
+        (np.ones((1, 4), np.int64), r"the shape of the ids \(1, 3\); received \(1, 4\)"),
+    ],
+)
+def test_model_call_refuses_a_mask_of_another_dtype_or_shape(loaded, name, mask, named):
+    ids = np.array([[1, 2, 3]])
+    with pytest.raises(ValueError, match=f"`attention_mask`.*{named}"):
+        loaded[name](**_inputs(name, ids), attention_mask=mask)
+
+
 def test_bert_refuses_token_types_outside_the_table(loaded):
     model = loaded["bert"]
     ids = np.array([[1, 2, 3]])

@@ -61,8 +61,12 @@ def test_bad_arguments():
         BertSentenceEncoder(**bert_sizes(CONFIG), normalize=1)
     encoder = make_encoder()
     ids = np.ones((2, 3), np.int32)
-    with pytest.raises(ValueError, match=r"\(batch, seq\)"):
+    with pytest.raises(
+        ValueError, match=r"`attention_mask` must have the shape of the ids \(2, 3\)"
+    ):
         encoder(ids, ids[:, :2])
+    with pytest.raises(TypeError, match="`attention_mask` must be a bool, integer.*dtype <U1"):
+        encoder(ids, np.full((2, 3), "1"))
     long = np.ones((1, SIZES["max_positions"] + 1), np.int32)
     with pytest.raises(ValueError, match="max_positions"):
         encoder(long, long)
