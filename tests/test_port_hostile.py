@@ -93,7 +93,7 @@ BAD_METADATA = {
     ),
     "unknown_kind": (
         {"multiattn.kind": "rnn", "multiattn.config": "{}"},
-        "'multiattn.kind' must be one of mha, encoder, additive; received 'rnn'",
+        "'multiattn.kind' must be one of mha, encoder, additive, decoder, decoder_only; received 'rnn'",
     ),
     "config_without_kind": ({"multiattn.config": json.dumps(MHA)}, "no 'multiattn.kind'"),
     "zero_heads": (
