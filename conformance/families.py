@@ -35,6 +35,9 @@ _DECODER = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_atten
 _LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
            "high_freq_factor": 4.0, "original_max_position_embeddings": 8}  # fmt: skip
 
+_ENCODER = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=4,
+                intermediate_size=24, max_position_embeddings=CONTEXT + 2)  # fmt: skip
+
 #: case name -> (transformers class name, config class name, config arguments)
 CASES: dict[str, tuple[str, str, dict]] = {
     "bert": ("BertModel", "BertConfig", dict(
@@ -52,6 +55,34 @@ CASES: dict[str, tuple[str, str, dict]] = {
         vocab_size=VOCAB, d_model=16, d_kv=4, num_heads=4, num_layers=1, d_ff=24,
         relative_attention_num_buckets=8, relative_attention_max_distance=16,
         decoder_start_token_id=0, pad_token_id=0, eos_token_id=VOCAB - 1)),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(**_DECODER, head_dim=8)),
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(**_DECODER, head_dim=8)),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(
+        **{**_DECODER, "num_hidden_layers": 2}, head_dim=4, sliding_window=3,
+        query_pre_attn_scalar=6, attn_logit_softcapping=2.0, final_logit_softcapping=3.0)),
+    "gemma3_text": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        **{**_DECODER, "num_hidden_layers": 2}, head_dim=4, sliding_window=3,
+        sliding_window_pattern=2, query_pre_attn_scalar=4, rope_local_base_freq=50.0)),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(
+        **_DECODER, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(
+        **_DECODER, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
+        shared_expert_intermediate_size=20)),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(
+        **_DECODER, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
+        head_dim=8, norm_topk_prob=True)),
+    "roberta": ("RobertaForMaskedLM", "RobertaConfig", dict(_ENCODER)),
+    "xlm-roberta": ("XLMRobertaForMaskedLM", "XLMRobertaConfig", dict(_ENCODER)),
+    "distilbert": ("DistilBertForMaskedLM", "DistilBertConfig", dict(
+        vocab_size=VOCAB, dim=16, n_layers=1, n_heads=4, hidden_dim=24,
+        max_position_embeddings=CONTEXT)),
+    "albert": ("AlbertForMaskedLM", "AlbertConfig", dict(
+        **_ENCODER, embedding_size=8, num_hidden_groups=1)),
+    "bart": ("BartForConditionalGeneration", "BartConfig", dict(
+        vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=24,
+        decoder_ffn_dim=24, max_position_embeddings=CONTEXT, pad_token_id=1,
+        bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)),
 }  # fmt: skip
 
 

@@ -226,7 +226,13 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 def transformers_reference(model: Path, config: dict, inputs: dict, tokens: int) -> dict:
     """The outputs of ``transformers`` in float64 (its class named by the config's
-    ``architectures``, else ``AutoModel``); raises ImportError without transformers."""
+    ``architectures``, else ``AutoModel``); raises ImportError without transformers.
+
+    A causal language model runs each prompt of a left-padded batch alone, without its
+    pads: transformers' Gemma 2 in float64 gives NaN at every position of a padded row
+    (its padded queries are masked twice, to -inf), and alone a prompt's outputs at its
+    real positions and its greedy tokens are those the padded batch must give. The pad
+    positions of the outputs hold zeros; the tokens follow the row's pad ids as given."""
     import torch
     import transformers
 
@@ -234,27 +240,52 @@ def transformers_reference(model: Path, config: dict, inputs: dict, tokens: int)
     cls = next((getattr(transformers, n) for n in names if hasattr(transformers, n)), None)
     cls = cls or transformers.AutoModel
     hf = cls.from_pretrained(str(model), dtype=torch.float64).eval()
+    if hasattr(hf, "set_experts_implementation"):  # grouped_mm has no float64 kernel
+        hf.set_experts_implementation("eager")
+    if _causal_lm(config) and "attention_mask" in inputs:
+        return _per_prompt(torch, hf, config, inputs, tokens)
     feed = {k: torch.from_numpy(np.asarray(v)) for k, v in inputs.items()}
     if "pixel_values" in feed:
         feed["pixel_values"] = feed["pixel_values"].to(torch.float64)
-    if _causal_lm(config) and "attention_mask" in feed:
-        # left padding: the positions transformers' generate gives (learned absolute
-        # positions, as GPT-2's, depend on them; multiattn computes them from the mask)
-        positions = np.maximum(np.cumsum(np.asarray(inputs["attention_mask"]), axis=1) - 1, 0)
-        feed["position_ids"] = torch.from_numpy(positions)
     with torch.no_grad():
         out = hf(**feed)
         arrays = {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
         if tokens and hasattr(hf, "generate") and _generative(config):
-            ids = hf.generate(
-                **{k: feed[k] for k in ("input_ids", "attention_mask") if k in feed},
-                max_new_tokens=tokens,
-                min_new_tokens=tokens,
-                do_sample=False,
-                pad_token_id=config.get("pad_token_id") or 0,
-            )
-            arrays["generated_ids"] = ids.numpy()
+            arrays["generated_ids"] = _greedy(hf, config, feed, tokens).numpy()
     return arrays
+
+
+def _greedy(hf: Any, config: dict, feed: dict, tokens: int) -> Any:
+    """transformers' greedy tokens, ``tokens`` new ones: no end id, as multiattn's
+    ``generate`` without ``eos_token_id`` (the config's is not read there), so that
+    neither stops nor suppresses one (``min_new_tokens`` would)."""
+    return hf.generate(
+        **{k: feed[k] for k in ("input_ids", "attention_mask") if k in feed},
+        max_new_tokens=tokens, do_sample=False, eos_token_id=None,
+        pad_token_id=config.get("pad_token_id") or 0,
+    )  # fmt: skip
+
+
+def _per_prompt(torch: Any, hf: Any, config: dict, inputs: dict, tokens: int) -> dict:
+    """`transformers_reference` of a causal LM: each left-padded prompt alone."""
+    ids, mask = np.asarray(inputs["input_ids"]), np.asarray(inputs["attention_mask"], bool)
+    rows: dict[str, list] = {}
+    for row, keep in zip(ids, mask):
+        pads = int(np.argmax(keep)) if keep.any() else len(keep)
+        feed = {"input_ids": torch.from_numpy(row[None, pads:])}
+        with torch.no_grad():
+            out = hf(**feed)
+            for k, v in out.items():
+                if isinstance(v, torch.Tensor) and v.ndim >= 2 and v.shape[1] == len(row) - pads:
+                    full = np.zeros((len(row), *v.shape[2:]))
+                    full[pads:] = v.numpy()[0]
+                    rows.setdefault(k, []).append(full)
+            if tokens and hasattr(hf, "generate"):
+                got = _greedy(hf, config, feed, tokens).numpy()[0]
+                rows.setdefault("generated_ids", []).append(
+                    np.concatenate([row[:pads].astype(got.dtype), got])
+                )
+    return {k: np.stack(v) for k, v in rows.items()}
 
 
 # --- comparing ------------------------------------------------------------------------------

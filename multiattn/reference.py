@@ -222,15 +222,19 @@ def scaled_dot_product_attention(
     causal: bool = False,
     scale: float | None = None,
     bias: ArrayLike | None = None,
+    softcap: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Softmax(q k^T * scale + bias) v with mask, valid_lens and causal_mask(Tq, Tk) ANDed
     together.
 
     q ``(..., Tq, d)``, k ``(..., Tk, d)``, v ``(..., Tk, dv)``; ``bias`` (float,
-    broadcastable to the scores ``(..., Tq, Tk)``) is added to the scaled scores; returns
-    output ``(..., Tq, dv)`` and weights ``(..., Tq, Tk)``.
+    broadcastable to the scores ``(..., Tq, Tk)``) is added to the scaled scores; with
+    ``softcap`` ``c`` the scaled scores ``s`` are first replaced by ``c * tanh(s / c)``
+    (soft-capping, Gemma 2); returns output ``(..., Tq, dv)`` and weights ``(..., Tq, Tk)``.
     """
     scores = scaled_dot_scores(q, k, scale)
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
     if bias is not None:
         scores = scores + _f64(bias)
     if causal:
@@ -324,6 +328,7 @@ def multi_head_attention(
     rotary_scaling: dict | None = None,
     sliding_window: int | None = None,
     attention_bias: ArrayLike | None = None,
+    softcap: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Multi-head attention; returns output ``(B, Tq, Eo)`` and weights ``(B, H, Tq, Tk)``.
 
@@ -342,8 +347,8 @@ def multi_head_attention(
     ``mask`` must broadcast to ``(B, H, Tq, Tk)``; a 3-D ``(B, Tq, Tk)`` mask first gets a head
     axis inserted at axis 1. ``valid_lens`` is ``(B,)`` or ``(B, Tq)``. Scale defaults to
     ``1/sqrt(D)``. ``attention_bias`` (float, broadcastable to ``(B, H, Tq, Tk)``) is added
-    to the scaled scores. A fully masked query row has zero weights, so its output is the
-    output bias.
+    to the scaled scores, after ``softcap`` (see `scaled_dot_product_attention`). A fully
+    masked query row has zero weights, so its output is the output bias.
     """
     query, value = _f64(query), _f64(value)
     key = value if key is None else _f64(key)
@@ -402,6 +407,7 @@ def multi_head_attention(
         causal=causal,
         scale=scale,
         bias=attention_bias,
+        softcap=softcap,
     )
     out = np.einsum("bhtv,hvo->bto", context, wo) + bias("output_bias", (wo.shape[2],))
     return out, attn

@@ -16,6 +16,7 @@ import numpy as np
 from .._system import available_memory
 from ..namespaces.keras import get_ops
 from ._checks import check_int
+from .beams import make_beam_search
 from .samplers import make_sampler
 from .stopping import make_stopping
 from .strategies import choose_strategy, model_backend
@@ -123,7 +124,7 @@ def check_cache_size(values: int, dtype: str) -> None:
         raise ValueError(
             f"generate: the key/value caches would take {nbytes:,} bytes "
             f"({nbytes / 2**30:.1f} GiB), more than the {available:,} bytes available; "
-            "lower max_new_tokens or the batch."
+            "lower max_new_tokens, the batch or num_beams."
         )
 
 
@@ -149,6 +150,10 @@ class GenerationMixin:
         pad_token_id: int | None = None,
         seed: int | None = None,
         strategy: Any = None,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        early_stopping: bool | str = False,
+        num_return_sequences: int = 1,
     ) -> np.ndarray:
         """Continue the prompts; returns prompt + new tokens, int64 NumPy.
 
@@ -173,11 +178,24 @@ class GenerationMixin:
                 default of `choose_strategy`: ``"compiled"`` on jax and TensorFlow for
                 greedy decoding, ``"compiled_step"`` there for sampling, ``"traced"`` on
                 torch, ``"eager"`` elsewhere), one of those names or a ``Strategy``
-                object. Every strategy gives the same tokens.
+                object. Every strategy gives the same tokens. Beam search runs in the
+                Python loops only (``"compiled_step"`` on jax and TensorFlow by default).
+            num_beams: 1 (default: greedy or sampled), or the beams per prompt of
+                transformers' beam search (`multiattn.decoding.beams.BeamSearch`, with
+                ``do_sample=False`` only): the model decodes ``batch * num_beams`` rows.
+            length_penalty: beam search only: a finished hypothesis scores its summed
+                log-probabilities over ``new_tokens ** length_penalty``.
+            early_stopping: beam search only: False, True or ``"never"``, as
+                transformers defines them (`multiattn.decoding.beams`).
+            num_return_sequences: beam search only: the best hypotheses returned per
+                prompt (at most ``num_beams``), best first.
 
         Returns:
-            int64 ``(batch, seq + n)`` (T5: ``(batch, 1 + n)``, from the decoder's start
-            token) with ``n <= max_new_tokens`` (fewer only when every row ended).
+            int64 ``(batch * num_return_sequences, seq + n)`` (T5: ``(...,  1 + n)``,
+            from the decoder's start token) with ``n <= max_new_tokens`` (fewer only
+            when every row ended; with beams, the longest returned hypothesis's length,
+            shorter ones filled with ``pad_token_id``); the rows of one prompt are next
+            to each other.
 
         Raises:
             ValueError: a prompt longer than the context, ``max_new_tokens`` past it, ids
@@ -189,6 +207,11 @@ class GenerationMixin:
         """
         ids, mask, new = self._decoding_inputs(input_ids, attention_mask, max_new_tokens)
         sampler = make_sampler(do_sample, temperature, top_k, top_p, seed)
+        beams = make_beam_search(num_beams, length_penalty, early_stopping,
+                                 num_return_sequences, do_sample)  # fmt: skip
         stopping = make_stopping(new, eos_token_id, pad_token_id, self.vocab_size)
+        if beams is not None:  # every prompt once per beam; their caches checked again
+            sampler, ids, mask = beams, beams.expand(ids), beams.expand(mask)
+            self._decoding_inputs(ids, mask, new)
         chosen = choose_strategy(model_backend(self), sampler, strategy)
         return chosen.decode(self, ids, mask, sampler, stopping)

@@ -20,8 +20,10 @@ how the steps run:
 All four give the same tokens (the tests compare them). By default
 (`choose_strategy` with ``strategy=None``) jax and TensorFlow take `CompiledLoop` for
 greedy decoding and `CompiledStepLoop` for sampling (its draws come from a NumPy
-generator between steps), torch `TracedLoop`, and the numpy backend and Paddle's models
-(`multiattn.paddle.models`) `EagerLoop`. The compiled and recorded functions are kept
+generator between steps) and for beam search (`multiattn.decoding.beams.BeamSearch`:
+its beams are chosen in NumPy between steps, so `CompiledLoop` refuses it), torch
+`TracedLoop`, and the numpy backend and Paddle's models (`multiattn.paddle.models`)
+`EagerLoop`. The compiled and recorded functions are kept
 on the model (`kept_functions`) and reused by later calls; each is traced per set of
 shapes and per settings fingerprint (`multiattn.config.fingerprint`).
 
@@ -33,7 +35,9 @@ position, a dict ``state`` holding at least ``"caches"`` (what ``_feed`` reads),
 int64 ``(batch, columns)`` first columns of the output; ``_feed(step, token, t,
 state)`` feeds int ``(batch,)`` ``token`` (the ``t``-th new one) through ``step``,
 updates ``state`` and returns the next logits. ``step`` has the signature of
-``model.step``.
+``model.step``. Beam search needs a third: ``_reorder(state, rows)`` makes row ``i`` of
+every cache in ``state`` what row ``rows[i]`` was (int ``(batch,)``; the other entries
+of ``state`` are the same for every beam of a prompt).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import numpy as np
 
 from ..namespaces.keras import framework_of, get_ops, owned_caches
 from ..ops.attention import all_finite
+from .beams import BeamSearch
 from .compiled import with_unit_axes, without_unit_axes, xla_function
 from .samplers import Sampler
 from .stopping import Stopping
@@ -122,9 +127,10 @@ class Strategy(ABC):
                 f"this model computes on {backend}."
             )
         if self.in_graph_only and not sampler.in_graph:
+            why = getattr(sampler, "not_in_graph", "do_sample=True draws in NumPy")
             raise ValueError(
                 f"generate: `strategy`={self.name!r} chooses its tokens inside a compiled "
-                f"loop, which {sampler!r} cannot (do_sample=True draws in NumPy): use "
+                f"loop, which {sampler!r} cannot ({why}): use "
                 "strategy='compiled_step' or None."
             )
 
@@ -159,9 +165,11 @@ class Strategy(ABC):
 
 class EagerLoop(Strategy):
     """A Python loop over the model's step: ``sampler`` on the NumPy logits, `Stopping`'s
-    rule, then the step for the next token. Here the step is ``model.step`` itself, run
-    eagerly (every backend; what Paddle's models run); subclasses replace it
-    (`token_step`)."""
+    rule, then the step for the next token; for beam search
+    (`multiattn.decoding.beams.BeamSearch`) the search's own loop, which between two
+    steps reorders the caches by the rows the chosen beams came from (the model's
+    ``_reorder(state, rows)``). Here the step is ``model.step`` itself, run eagerly
+    (every backend; what Paddle's models run); subclasses replace it (`token_step`)."""
 
     name = "eager"
 
@@ -175,6 +183,14 @@ class EagerLoop(Strategy):
     def run(self, model: Any, logits: Any, state: dict, first: np.ndarray,
             sampler: Sampler, stopping: Stopping) -> np.ndarray:  # fmt: skip
         step, new = self.token_step(model), stopping.max_new_tokens
+        if isinstance(sampler, BeamSearch):
+
+            def feed(token: np.ndarray, t: int, rows: np.ndarray) -> np.ndarray:
+                if (rows != np.arange(rows.size)).any():  # the beams' caches, reordered
+                    model._reorder(state, rows)
+                return _numpy(model._feed(step, token, t, state))
+
+            return sampler.search(_numpy(logits), feed, first, stopping)
         done, out = stopping.start(first.shape[0]), [first]
         for t in range(new):
             token, done = stopping.update(sampler(_numpy(logits)), done)
@@ -320,7 +336,8 @@ def choose_strategy(backend: str | None, sampler: Sampler, strategy: Any = None)
     """The strategy ``generate`` runs, from static facts only: the framework the model
     computes on (``backend``, `model_backend`), whether ``sampler`` has an in-graph
     choice, and the user's ``strategy``: None (the default: `CompiledLoop` on jax and
-    TensorFlow for an in-graph sampler, else `CompiledStepLoop` there; `TracedLoop` on
+    TensorFlow for an in-graph sampler, else `CompiledStepLoop` there: sampling and
+    beam search; `TracedLoop` on
     torch; `EagerLoop` elsewhere, Paddle included), a name of `STRATEGIES`
     (``"compiled"``, ``"compiled_step"``, ``"traced"``, ``"eager"``) or a `Strategy`
     object. The only place the choice is made.

@@ -130,6 +130,25 @@ class Family:
     fixed: dict = field(default_factory=dict)
     inert: frozenset = frozenset()
     buffers: Callable[[dict], dict] = lambda sizes: {}  # read, checked, not used
+    # The prefix of the base model in the entries' names, which a base-model checkpoint
+    # lacks (BART's entries carry ``BartForConditionalGeneration``'s ``model.`` names; a
+    # ``BartModel`` checkpoint's tensors are read under them). "" for none.
+    base_prefix: str = ""
+    # Tensors of the entries a checkpoint may lack (name -> shape), read as zeros then,
+    # the value transformers gives them (a ``BartModel`` has no ``final_logits_bias``).
+    zeros: Callable[[dict], dict] = lambda sizes: {}
+    # ``(sizes, side files, where) -> sizes``: what the family's decoding reads from the
+    # folder's side files (``generation_config.json``); by default nothing.
+    read_generation: Callable[[dict, dict, str], dict] = lambda sizes, side, where: sizes
+    # The transformers ``*ForMaskedLM`` class of an encoder family ("" for none): a config
+    # whose ``architectures`` names it has ``sizes["masked_lm"]`` (`masked_lm_of`), its
+    # entries are the head's checkpoint names (the base model's under ``prefix``, then
+    # the head's), and `save_pretrained` writes it back as that class.
+    masked_lm_architecture: str = ""
+
+    def architecture_of(self, sizes: dict) -> str:
+        """The transformers class a model of ``sizes`` is written back as."""
+        return self.masked_lm_architecture if sizes.get("masked_lm") else self.architecture
 
     def check_config(self, raw: dict, where: str) -> dict:
         """The sizes of ``raw`` (a config.json object); refuses what is not implemented."""

@@ -17,7 +17,7 @@ from typing import Any
 from ..ops.rotary import check_rotary_scaling
 from ._common import Entry, Family, _int, _positive
 
-__all__ = ["CAUSAL_LM_FAMILIES", "GPT2", "LLAMA", "MISTRAL", "QWEN2"]
+__all__ = ["CAUSAL_LM_FAMILIES", "GPT2", "LLAMA", "MISTRAL", "QWEN2", "QWEN3"]
 
 _INPUTS = ("input_ids", "attention_mask")
 _LAYER = "multiattn.models.causal_lm:CausalLM"
@@ -210,7 +210,8 @@ def _llama_sizes(raw: dict, where: str) -> dict:
     })  # fmt: skip
 
 
-def _qwen2_sizes(raw: dict, where: str) -> dict:
+def _full_layers(raw: dict, where: str, model_type: str) -> None:
+    """Refuses a ``layer_types`` holding another kind than ``full_attention``."""
     types = raw.get("layer_types")
     if types is not None and not isinstance(types, list):
         raise ValueError(
@@ -220,8 +221,12 @@ def _qwen2_sizes(raw: dict, where: str) -> dict:
     if types is not None and any(t != "full_attention" for t in types):
         raise ValueError(
             f"{where}: config option `layer_types` = {types!r} is not implemented "
-            "(multiattn's qwen2 supports only 'full_attention' layers)."
+            f"(multiattn's {model_type} supports only 'full_attention' layers)."
         )
+
+
+def _qwen2_sizes(raw: dict, where: str) -> dict:
+    _full_layers(raw, where, "qwen2")
     return {**_llama_sizes(raw, where), "attention_bias": True}
 
 
@@ -237,7 +242,9 @@ def _mistral_sizes(raw: dict, where: str) -> dict:
 
 
 def llama_entries(s: dict, pooler: bool = False) -> list[Entry]:
-    """Llama / Qwen2 / Mistral tensors (``LlamaForCausalLM`` names) for sizes ``s``."""
+    """Llama / Qwen2 / Qwen3 / Mistral tensors (``LlamaForCausalLM`` names) for sizes
+    ``s``: with ``qk_norm`` also Qwen3's ``q_norm``/``k_norm``, with ``output_bias``
+    the ``o_proj`` bias."""
     e, f, d = s["hidden_size"], s["intermediate_size"], s["head_dim"]
     h, kv = s["num_heads"], s["num_key_value_heads"]
     out = [Entry("model.embed_tokens.weight", (s["vocab_size"], e), "embed/word")]
@@ -250,6 +257,13 @@ def llama_entries(s: dict, pooler: bool = False) -> list[Entry]:
             if s["attention_bias"]:
                 out.append(Entry(name + "bias", (n * d,),
                                  f"{dst}self_attention/{part}/bias", "heads_bias", n))  # fmt: skip
+        if s["output_bias"]:
+            out.append(Entry(src + "self_attn.o_proj.bias", (e,),
+                             dst + "self_attention/attention_output/bias"))  # fmt: skip
+        if s.get("qk_norm"):
+            out += [Entry(f"{src}self_attn.{hf}_norm.weight", (d,),
+                          f"{dst}self_attention/{part}_norm/scale")
+                    for hf, part in (("q", "query"), ("k", "key"))]  # fmt: skip
         out += [
             Entry(src + "self_attn.o_proj.weight", (e, h * d),
                   dst + "self_attention/attention_output/kernel", "heads_out", h),
@@ -300,6 +314,29 @@ QWEN2 = _llama_like(
     # `sliding_window` and `max_window_layers` act only with use_sliding_window=True.
     inert=("sliding_window", "max_window_layers"),
 )
+
+# --- Qwen3: the model entry of docs/design.md's "How to add a family" -----------------
+
+
+def _qwen3_sizes(raw: dict, where: str) -> dict:
+    """Llama's sizes, with ``head_dim`` given (default 128, as Qwen3Config's), biases on
+    all four attention projections or none (``attention_bias``) and ``qk_norm``."""
+    _full_layers(raw, where, "qwen3")
+    bias = _bool(raw, "attention_bias", where, False)
+    raw = {"head_dim": 128, **raw}
+    return {**_llama_sizes(raw, where), "attention_bias": bias, "output_bias": bias,
+            "qk_norm": True}  # fmt: skip
+
+
+QWEN3 = _llama_like(
+    "qwen3",
+    "Qwen3ForCausalLM",
+    _qwen3_sizes,
+    keys=("layer_types", "attention_bias"),
+    fixed={"hidden_act": ("silu",), "use_sliding_window": (False,)},
+    # `sliding_window` and `max_window_layers` act only with use_sliding_window=True.
+    inert=("sliding_window", "max_window_layers"),
+)
 MISTRAL = _llama_like(
     "mistral",
     "MistralForCausalLM",
@@ -308,4 +345,4 @@ MISTRAL = _llama_like(
     fixed={"hidden_act": ("silu",)},
 )
 
-CAUSAL_LM_FAMILIES = (GPT2, LLAMA, QWEN2, MISTRAL)
+CAUSAL_LM_FAMILIES = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL)

@@ -16,16 +16,19 @@ Imports no framework. Each `Family` says, for one Hugging Face ``model_type``:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 # `Entry`, `Family` and the common config keys live in `._hf_common`, which the family
 # modules listed in `FAMILIES` (`.hf_causal_lm`, `.hf_t5`) import too; re-exported here.
 from ._common import COMMON_FIXED as COMMON_FIXED
 from ._common import COMMON_INERT as COMMON_INERT
-from ._common import Entry, Family, _int, _positive
+from ._common import Entry, Family, _int
+from .bart import BART
 from .causal_lm import CAUSAL_LM_FAMILIES
+from .encoders import BERT, ENCODER_FAMILIES, _encoder_sizes, _layer_entries
+from .encoders import bert_entries as bert_entries
+from .gemma import GEMMA_FAMILIES
+from .moe import MOE_FAMILIES
 from .t5 import T5
 
 __all__ = ["FAMILIES", "Entry", "Family", "family_of", "from_hf", "to_hf"]
@@ -38,112 +41,6 @@ def _pair(raw: dict, key: str, where: str, default: int) -> tuple[int, int]:
     v = _int({key: value}, key, where)
     return (v, v)
 
-
-def _encoder_sizes(raw: dict, where: str) -> dict[str, Any]:
-    sizes = {
-        "hidden_size": _int(raw, "hidden_size", where),
-        "num_layers": _int(raw, "num_hidden_layers", where),
-        "num_heads": _int(raw, "num_attention_heads", where),
-        "intermediate_size": _int(raw, "intermediate_size", where),
-        "epsilon": _positive(raw, "layer_norm_eps", where, 1e-12),
-    }
-    if sizes["hidden_size"] % sizes["num_heads"]:
-        raise ValueError(
-            f"{where}: `hidden_size` ({sizes['hidden_size']}) must be divisible by "
-            f"`num_attention_heads` ({sizes['num_heads']})."
-        )
-    return sizes
-
-
-def _layer_entries(s: dict, i: int, names: dict[str, str], qkv_bias: bool = True) -> list:
-    """The encoder layer ``i``: ``names`` maps the neutral part to the HF prefix."""
-    e, h, f = s["hidden_size"], s["num_heads"], s["intermediate_size"]
-    src, dst = f"encoder.layer.{i}.", f"layer_{i}/"
-    out = []
-    for part in ("query", "key", "value"):
-        hf = f"{src}{names['self']}.{part}."
-        out.append(Entry(hf + "weight", (e, e), f"{dst}attention/{part}/kernel", "heads_in", h))
-        if qkv_bias:
-            out.append(Entry(hf + "bias", (e,), f"{dst}attention/{part}/bias", "heads_bias", h))
-    hf = f"{src}{names['attn_out']}."
-    out += [
-        Entry(hf + "weight", (e, e), f"{dst}attention/output/kernel", "heads_out", h),
-        Entry(hf + "bias", (e,), f"{dst}attention/output/bias"),
-        Entry(f"{src}intermediate.dense.weight", (f, e), f"{dst}ffn_1/kernel", "linear"),
-        Entry(f"{src}intermediate.dense.bias", (f,), f"{dst}ffn_1/bias"),
-        Entry(f"{src}output.dense.weight", (e, f), f"{dst}ffn_2/kernel", "linear"),
-        Entry(f"{src}output.dense.bias", (e,), f"{dst}ffn_2/bias"),
-    ]
-    for norm in ("norm_1", "norm_2"):
-        hf = f"{src}{names[norm]}."
-        out += [
-            Entry(hf + "weight", (e,), f"{dst}{norm}/gamma"),
-            Entry(hf + "bias", (e,), f"{dst}{norm}/beta"),
-        ]
-    return out
-
-
-# --- BERT -----------------------------------------------------------------------------
-
-_BERT_KEYS = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-    "intermediate_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps",
-)  # fmt: skip
-
-
-def _bert_sizes(raw: dict, where: str) -> dict:
-    return {
-        **_encoder_sizes(raw, where),
-        "vocab_size": _int(raw, "vocab_size", where),
-        "max_positions": _int(raw, "max_position_embeddings", where),
-        "type_vocab_size": _int(raw, "type_vocab_size", where),
-    }
-
-
-def bert_entries(s: dict, pooler: bool = True) -> list[Entry]:
-    """BERT's tensors (``BertModel`` names) for sizes ``s``."""
-    e = s["hidden_size"]
-    out = [
-        Entry("embeddings.word_embeddings.weight", (s["vocab_size"], e), "embeddings/word"),
-        Entry(
-            "embeddings.position_embeddings.weight", (s["max_positions"], e), "embeddings/position"
-        ),
-        Entry(
-            "embeddings.token_type_embeddings.weight",
-            (s["type_vocab_size"], e),
-            "embeddings/token_type",
-        ),
-        Entry("embeddings.LayerNorm.weight", (e,), "embeddings/norm/gamma"),
-        Entry("embeddings.LayerNorm.bias", (e,), "embeddings/norm/beta"),
-    ]
-    names = {
-        "self": "attention.self",
-        "attn_out": "attention.output.dense",
-        "norm_1": "attention.output.LayerNorm",
-        "norm_2": "output.LayerNorm",
-    }
-    for i in range(s["num_layers"]):
-        out += _layer_entries(s, i, names)
-    if pooler:
-        out += [
-            Entry("pooler.dense.weight", (e, e), "pooler/kernel", "linear"),
-            Entry("pooler.dense.bias", (e,), "pooler/bias"),
-        ]
-    return out
-
-
-BERT = Family(
-    model_type="bert",
-    architecture="BertModel",
-    prefix="bert",
-    inputs=("input_ids", "attention_mask", "token_type_ids"),
-    layer="multiattn.models.bert:BertModel",
-    read_sizes=_bert_sizes,
-    keys=_BERT_KEYS,
-    entries=bert_entries,
-    fixed={"hidden_act": ("gelu",), "position_embedding_type": ("absolute",)},
-    buffers=lambda s: {"embeddings.position_ids": (1, s["max_positions"])},
-)
 
 # --- ViT ------------------------------------------------------------------------------
 
@@ -232,7 +129,19 @@ VIT = Family(
 )
 
 #: ``model_type`` -> `Family`: the families `multiattn.hf.pretrained` loads.
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, VIT, *CAUSAL_LM_FAMILIES, T5)}
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        BERT,
+        *ENCODER_FAMILIES,
+        VIT,
+        *CAUSAL_LM_FAMILIES,
+        *GEMMA_FAMILIES,
+        *MOE_FAMILIES,
+        T5,
+        BART,
+    )
+}
 
 
 def family_of(raw: dict, where: str) -> Family:

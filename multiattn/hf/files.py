@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from ._tensors import FLOAT_DTYPES, Lazy, Tensors, pickle_tensors, safetensors_tensors
@@ -137,10 +138,16 @@ def as_tensors(state: Mapping) -> Tensors:
     return Tensors(info, state.__getitem__)
 
 
-def _base_state(family: Family, state: Tensors) -> tuple[Tensors, list]:
+def _base_state(family: Family, sizes: dict, state: Tensors) -> tuple[Tensors, list]:
     """The base model's tensors (a task-head checkpoint's ``<prefix>.`` removed) and the
-    names left out (the task head's tensors)."""
+    names left out (the task head's tensors). A masked-LM checkpoint (``sizes["masked_lm"]``,
+    `Family.masked_lm_architecture`) keeps its names, the head's included; what lies
+    outside the base model and that head (BERT's next-sentence classifier) is left out."""
     prefix = family.prefix + "."
+    if sizes.get("masked_lm"):
+        head = {e.hf for e in family.entries(sizes, pooler=True)} | set(family.buffers(sizes))
+        ignored = sorted(k for k in state if k not in head and not k.startswith(prefix))
+        return state.renamed({k: k for k in state if k not in ignored}), ignored
     if (
         family.prefix
         and not any(k.startswith("embeddings.") for k in state)
@@ -149,6 +156,24 @@ def _base_state(family: Family, state: Tensors) -> tuple[Tensors, list]:
         base = state.renamed({k[len(prefix) :]: k for k in state if k.startswith(prefix)})
         return base, sorted(k for k in state if not k.startswith(prefix))
     return state, []
+
+
+def _completed(family: Family, sizes: dict, state: Tensors) -> Tensors:
+    """``state`` under the entries' names: a base-model checkpoint's tensors with
+    `Family.base_prefix` added, and the `Family.zeros` tensors it lacks as zeros (in the
+    dtype of its tensors, float32 if they mix dtypes)."""
+    prefix = family.base_prefix
+    if prefix and state.info and not any(k.startswith(prefix) for k in state.info):
+        state = state.renamed({prefix + k: k for k in state.info})
+    missing = {k: tuple(v) for k, v in family.zeros(sizes).items() if k not in state.info}
+    if not missing:
+        return state
+    found = {d for _, d in state.info.values() if d in FLOAT_DTYPES.values()}
+    dtype = found.pop() if len(found) == 1 else "float32"
+    target = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    zeros = Tensors({k: (shape, dtype) for k, shape in missing.items()},
+                    lambda k: np.zeros(missing[k], target))  # fmt: skip
+    return state.union(zeros)
 
 
 def _check_finite(name: str, value: np.ndarray, where: str) -> None:
@@ -192,7 +217,8 @@ def check_state(family: Family, sizes: dict, state: Mapping, where: str) -> tupl
             float32 or float64); later, on lookup, a weight holding a NaN or an infinity
             (the tensor is named).
     """
-    state, ignored = _base_state(family, as_tensors(state))
+    state, ignored = _base_state(family, sizes, as_tensors(state))
+    state = _completed(family, sizes, state)
     layers = sum(v for k, v in sizes.items() if k.startswith("num_") and k.endswith("layers"))
     if layers > len(state):  # each block has tensors: checked before listing them
         keys = [k for k in family.keys if k in _LAYER_KEYS]
@@ -200,7 +226,8 @@ def check_state(family: Family, sizes: dict, state: Mapping, where: str) -> tupl
             f"{where}: the config gives {layers} blocks (`{'`, `'.join(keys)}`) but the "
             f"weights hold only {len(state)} tensors."
         )
-    has_pooler = "pooler.dense.weight" in state or "pooler.dense.bias" in state
+    poolers = [e.hf for e in family.entries(sizes, pooler=True) if e.name.startswith("pooler/")]
+    has_pooler = any(name in state for name in poolers)
     entries = family.entries(sizes, pooler=has_pooler)
     buffers = family.buffers(sizes)
     expected = {e.hf: e.shape for e in entries} | buffers
@@ -285,8 +312,9 @@ def read_folder(path: str | Path, trust_pickle: bool = False) -> Loaded:
     state = read_state(folder, trust_pickle)
     weights, ignored = check_state(family, sizes, state, where)
     dtypes = {name: dtype for name, (_, dtype) in state.info.items()}
-    return Loaded(family, config, sizes, weights, ignored, read_side_files(folder, where),
-                  dtypes)  # fmt: skip
+    side_files = read_side_files(folder, where)
+    sizes = family.read_generation(sizes, side_files, where)
+    return Loaded(family, config, sizes, weights, ignored, side_files, dtypes)
 
 
 def read_side_files(folder: Path, where: str) -> dict[str, dict]:
@@ -341,7 +369,7 @@ def write_folder(
         )
     entries = family.entries(sizes, pooler="pooler/kernel" in weights)
     tensors = to_hf(entries, weights)
-    config = {**config, "architectures": [family.architecture]}
+    config = {**config, "architectures": [family.architecture_of(sizes)]}
     dtypes = {str(t.dtype) for t in tensors.values()}
     config["dtype"] = dtypes.pop() if len(dtypes) == 1 else config.get("dtype", "float32")
     try:

@@ -14,8 +14,9 @@ Importing this module imports no framework; Keras is imported by `from_pretraine
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,7 @@ def from_pretrained(
     framework: str | None = None,
     dtype: str | None = None,
     trust_pickle: bool = False,
+    distribution: Any = None,
 ) -> PretrainedModel:
     """Load a Hugging Face model folder into multiattn layers.
 
@@ -205,6 +207,12 @@ def from_pretrained(
             Which parts of a half-precision model run in float32: see ``docs/models.md``.
         trust_pickle: allow reading ``pytorch_model.bin`` (a pickle; only tensors are
             unpickled, through torch's weights-only loader).
+        distribution: a ``keras.distribution.Distribution`` (jax backend only), e.g.
+            `multiattn.distributed.model_parallel` ``(mesh)``: the model is built under
+            its scope, so each variable is made with its layout (sharded zeros), and
+            each tensor, read one at a time, is placed from the host onto its shards
+            (`_sharded_assignment`): no device holds a whole sharded weight. See
+            ``docs/scaling-out.md``.
 
     Returns:
         A `PretrainedModel`.
@@ -217,8 +225,10 @@ def from_pretrained(
             wider than the config's dtype (named: loading would lose information), a
             non-finite weight (named), an unreadable or truncated weights file, a link out
             of the folder (other than a cache snapshot's into its ``blobs``), a pickle
-            without ``trust_pickle``, a bad ``framework``/``dtype``.
-        TypeError: ``trust_pickle`` not a bool, ``path`` not a path.
+            without ``trust_pickle``, a bad ``framework``/``dtype``, a ``distribution``
+            on a backend other than jax.
+        TypeError: ``trust_pickle`` not a bool, ``path`` not a path, ``distribution``
+            not a ``keras.distribution.Distribution``.
     """
     if not isinstance(trust_pickle, bool):
         raise TypeError(
@@ -230,6 +240,7 @@ def from_pretrained(
             f"received {dtype!r}."
         )
     framework = _check_framework(framework)
+    _check_distribution(distribution, framework)
     loaded = read_folder(path, trust_pickle=trust_pickle)
     where = f"from_pretrained({str(path)!r})"
     if dtype in HALF and not _half_kernels(framework):
@@ -245,14 +256,63 @@ def from_pretrained(
     cls = getattr(importlib.import_module(module), name)
     from ..layers import zero_initialized
 
-    with zero_initialized():  # every variable is assigned from the checkpoint next
+    with zero_initialized(), _scope(distribution):  # assigned from the checkpoint next
         layer = cls.from_sizes(loaded.sizes, "pooler/kernel" in loaded.weights, dtype)
-    layer.set_neutral_weights(_cast(loaded.weights, dtype))
+    with _sharded_assignment(distribution):
+        layer.set_neutral_weights(_cast(loaded.weights, dtype))
     if framework == "paddle":
         layer.eval()  # inference, as on Keras; `model.layer.train()` to fine-tune
     model_class = PretrainedCausalLM if hasattr(layer, "generate") else PretrainedModel
     return model_class(loaded.family, loaded.config, loaded.sizes, layer, loaded.ignored,
                        loaded.side_files)  # fmt: skip
+
+
+def _check_distribution(distribution: Any, framework: str) -> None:
+    """A ``keras.distribution.Distribution`` on the jax backend, or None."""
+    if distribution is None:
+        return
+    if framework != "jax":
+        raise ValueError(
+            f"from_pretrained: `distribution` needs the jax backend (keras.distribution "
+            f"shards variables on JAX only); this model would run on {framework!r}."
+        )
+    # keras.distribution exports DataParallel and ModelParallel, not their base class
+    is_distribution = all(
+        callable(getattr(distribution, name, None))
+        for name in ("scope", "get_variable_layout", "get_data_layout")
+    )
+    if not is_distribution:
+        raise TypeError(
+            f"from_pretrained: `distribution` must be a keras.distribution.Distribution "
+            f"(e.g. multiattn.distributed.model_parallel(mesh)); received "
+            f"{type(distribution).__name__}."
+        )
+
+
+def _scope(distribution: Any) -> Any:
+    """``distribution.scope()``, or a scope that does nothing."""
+    return contextlib.nullcontext() if distribution is None else distribution.scope()
+
+
+@contextlib.contextmanager
+def _sharded_assignment(distribution: Any) -> Iterator[None]:
+    """Around the assignment of a distributed model's weights: each NumPy tensor becomes
+    a JAX array on the host's CPU device (not an accelerator's), from which
+    ``variable.assign`` places each device's slice onto that device. Without a
+    distribution, or without a CPU device in the process (``JAX_PLATFORMS`` without
+    ``cpu``; then it is the first accelerator), nothing changes."""
+    if distribution is None:
+        yield
+        return
+    import jax
+
+    try:
+        host = jax.devices("cpu")[0]
+    except RuntimeError:  # no CPU backend in this process
+        yield
+        return
+    with jax.default_device(host):
+        yield
 
 
 def _half_kernels(framework: str) -> bool:

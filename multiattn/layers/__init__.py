@@ -12,6 +12,7 @@ from .encoder import TransformerEncoderLayer
 from .feature_map import FeatureMapAttention
 from .feed_forward import FeedForward
 from .grouped_query import GroupedQueryAttention, GroupQueryAttention
+from .moe import MixtureOfExperts, MoEConfig
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization, RMSNormalization
 from .positional import PositionalEncoding, PositionEmbedding
@@ -27,6 +28,8 @@ __all__ = [
     "GroupQueryAttention",
     "GroupedQueryAttention",
     "LayerNormalization",
+    "MixtureOfExperts",
+    "MoEConfig",
     "MultiHeadAttention",
     "PositionEmbedding",
     "PositionalEncoding",

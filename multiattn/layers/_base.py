@@ -206,6 +206,11 @@ def as_mask(where: str, name: str, mask: Any) -> Any:
     return arr
 
 
+#: the tanh approximations of GELU a block's ``activation`` may also name (transformers'
+#: names; Keras has no activation of these names): applied by `multiattn.ops.activation`.
+TANH_GELU = ("gelu_new", "gelu_tanh", "gelu_pytorch_tanh")
+
+
 def check_block_args(
     where: str,
     d_model: Any,
@@ -231,8 +236,9 @@ def check_block_args(
         raise TypeError(f"{where}: `norm_first` must be a bool; received {norm_first!r}.")
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
         raise ValueError(f"{where}: `epsilon` must be a positive float; received {epsilon!r}.")
-    try:
-        keras.activations.get(activation)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{where}: unknown `activation` {activation!r}.") from err
+    if not (isinstance(activation, str) and activation in TANH_GELU):
+        try:
+            keras.activations.get(activation)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{where}: unknown `activation` {activation!r}.") from err
     return d_model, num_heads, dff, rate, norm_first, float(epsilon), activation

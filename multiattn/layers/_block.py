@@ -7,7 +7,9 @@ from typing import Any
 
 import keras
 
+from ..ops.activations import activation as apply_activation
 from ._base import (
+    TANH_GELU,
     block_initializers,
     check_block_args,
     check_layer_seed,
@@ -85,7 +87,8 @@ class TransformerBlock(keras.layers.Layer):
             "btd,df->btf",
             (None, self.dff),
             bias_axes="f",
-            activation=self.activation,
+            # a tanh GELU (not a Keras activation) is applied in `_ffn`
+            activation=None if self._tanh_gelu else self.activation,
             name="ffn_1",
             dtype=dtype,
             **sublayer_initializers(self),
@@ -123,8 +126,15 @@ class TransformerBlock(keras.layers.Layer):
         self.ffn_1.build(shape)
         self.ffn_2.build((*shape[:-1], self.dff))
 
+    @property
+    def _tanh_gelu(self) -> bool:
+        return isinstance(self.activation, str) and self.activation in TANH_GELU
+
     def _ffn(self, h: Any) -> Any:
-        return self.ffn_2(self.ffn_1(h))
+        h = self.ffn_1(h)
+        if self._tanh_gelu:
+            h = apply_activation(h, self.activation)
+        return self.ffn_2(h)
 
     def get_config(self) -> dict:
         return {

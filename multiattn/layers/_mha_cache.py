@@ -27,6 +27,7 @@ from typing import Any
 import keras
 
 from .._checks import FLOAT_DTYPES, check_positive_int, describe, fmt_shape, shape_of
+from ..distributed.layout import place_cache
 from ..namespaces.keras import cache_index_checked, cache_values_checked, caches_owned
 from ..ops.masking import check_bias
 from ._mha_checks import check_kv_pair
@@ -55,15 +56,17 @@ def empty_cache(
 ) -> tuple[Any, Any]:
     """Zeros ``(batch_size, H_kv, max_length, D)`` and ``(batch_size, H_kv, max_length,
     D_v)`` (``dims`` = ``(H_kv, D, D_v)``) in ``dtype`` (`cache_dtype`; None:
-    ``default``)."""
+    ``default``). Under `multiattn.distributed.model_parallel` (jax) both are split by
+    batch and key/value head where those divide (`multiattn.distributed.layout.place_cache`),
+    as the key and value kernels are."""
     batch_size = check_positive_int(where, "batch_size", batch_size)
     max_length = check_positive_int(where, "max_length", max_length)
     dtype = default if dtype is None else cache_dtype(where, dtype)
     heads, key_dim, value_dim = dims
     shape = (batch_size, heads, max_length)
     return (
-        keras.ops.zeros((*shape, key_dim), dtype=dtype),
-        keras.ops.zeros((*shape, value_dim), dtype=dtype),
+        place_cache(keras.ops.zeros((*shape, key_dim), dtype=dtype)),
+        place_cache(keras.ops.zeros((*shape, value_dim), dtype=dtype)),
     )
 
 

@@ -81,6 +81,7 @@ def project_cross(layer: Any, where: str, value: Any, key: Any) -> tuple[Any, An
     ops = get_ops(value)
     k = layer._project(ops, key, layer._key_dense)
     v = layer._project(ops, value, layer._value_dense)
+    k = layer._qk_normed(None, k)[1]
     if layer.rotary is not None:
         check_rotary_length(where, "key", shape_of(key)[1], layer.rotary_max_length)
         k = layer.rotary(k)
@@ -96,7 +97,7 @@ def _given_key_value(layer: Any, ops: Any, where: str, query: Any, key_value: An
     k, v = check_kv_pair(where, "key_value", key_value, qs[0], dims)
     dtype = layer.compute_dtype
     k, v = ops.cast(k, dtype), ops.cast(v, dtype)
-    q = layer._project(ops, query, layer._query_dense)
+    q = layer._qk_normed(layer._project(ops, query, layer._query_dense), None)[0]
     if layer.rotary is not None:
         check_rotary_length(where, "query", qs[1], layer.rotary_max_length)
         q = layer.rotary(q)

@@ -50,7 +50,9 @@ class TransformerDecoderLayer(TransformerBlock):
         rate: dropout rate (training only).
         norm_first: pre-LayerNorm instead of post-LayerNorm.
         epsilon: LayerNormalization epsilon.
-        activation: activation of the first feed-forward layer.
+        activation: activation of the first feed-forward layer: a Keras activation, or
+            one of transformers' tanh GELUs ``"gelu_new"``, ``"gelu_tanh"``,
+            ``"gelu_pytorch_tanh"`` (applied by `multiattn.ops.activation`).
         num_key_value_heads: key/value heads of both attentions (grouped-query attention,
             see `MultiHeadAttention`); None: ``num_heads``.
         rotary_max_length: rotary position embedding in the self-attention, for positions

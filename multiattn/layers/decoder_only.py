@@ -4,6 +4,7 @@ and a feed-forward network, with incremental decoding through a key/value cache.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import keras
@@ -30,6 +31,7 @@ from ._base import (
 )
 from ._mha_checks import check_kv_heads, check_rotary_args, check_sliding_window
 from .feed_forward import FeedForward
+from .moe import MixtureOfExperts, MoEConfig, moe_config
 from .multi_head import MultiHeadAttention
 from .normalization import LayerNormalization, RMSNormalization
 
@@ -79,6 +81,22 @@ class DecoderBlockConfig:
         sliding_window: each position attends only to itself and the ``sliding_window
             - 1`` positions before it (Mistral), in the full pass and through the cache;
             None (default): all earlier positions.
+        qk_norm: RMSNorm over each head's ``head_dim`` queries and keys after their
+            projections and before the rotary rotation (Qwen3, Gemma 3): sublayers
+            ``self_attention/query_norm`` and ``self_attention/key_norm``, each a
+            ``scale`` ``(head_dim,)`` shared by the heads, with the block's ``epsilon``
+            (and ``norm_offset``). Needs ``norm="rms"``. Default False.
+        norm_offset: every RMSNorm of the block (and of the model, its final norm)
+            multiplies by ``1 + scale`` instead of ``scale`` (Gemma's checkpoints store
+            the gain minus one), the one added in float32 for half-precision inputs
+            (see `RMSNormalization`'s ``unit_offset``). Needs ``norm="rms"``. Default
+            False.
+        moe: a mixture of experts instead of the dense feed-forward network (Mixtral,
+            Qwen2-MoE, Qwen3-MoE): a `multiattn.layers.MoEConfig` (or a dict of its
+            fields; number of experts, top-k, expert width, normalisation, shared expert,
+            the blocks left dense), the sublayer ``ffn`` then a `MixtureOfExperts` with
+            the block's ``activation``. Needs ``gated=True`` and ``ffn_bias=False``.
+            None (default): the dense network.
     """
 
     d_model: int
@@ -101,6 +119,12 @@ class DecoderBlockConfig:
     rotary_interleaved: bool = False
     rotary_scaling: dict | None = None
     sliding_window: int | None = None
+    qk_norm: bool = False
+    norm_offset: bool = False
+    post_norms: bool = False
+    query_scale: float | None = None
+    attention_softcap: float | None = None
+    moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:
         where = "DecoderBlockConfig"
@@ -116,8 +140,20 @@ class DecoderBlockConfig:
             )
         if self.norm not in NORMS:
             raise ValueError(f"{where}: `norm` must be one of {NORMS}; received {self.norm!r}.")
-        for name in ("norm_first", "gated", "attention_bias", "output_bias", "ffn_bias"):
+        for name in ("norm_first", "gated", "attention_bias", "output_bias", "ffn_bias",
+                     "qk_norm", "norm_offset", "post_norms"):  # fmt: skip
             check_bool(where, name, getattr(self, name))
+        if self.post_norms and not self.norm_first:
+            raise ValueError(f"{where}: `post_norms` needs norm_first=True (pre-norm blocks).")
+        for name in ("query_scale", "attention_softcap"):
+            value = getattr(self, name)
+            if value is not None:
+                checked[name] = check_float_option(where, name, value)
+        for name in ("qk_norm", "norm_offset"):
+            if getattr(self, name) and self.norm != "rms":
+                raise ValueError(
+                    f"{where}: `{name}` needs norm='rms'; received norm={self.norm!r}."
+                )
         checked["rate"] = check_rate(where, "rate", self.rate)
         checked["epsilon"] = check_epsilon(where, self.epsilon)
         checked["activation"] = check_activation(where, self.activation)
@@ -135,6 +171,7 @@ class DecoderBlockConfig:
         checked.update(zip(names, rotary))
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+        self._check_moe(where)
 
     @property
     def key_dim(self) -> int:
@@ -151,8 +188,29 @@ class DecoderBlockConfig:
             "num_key_value_heads": self.num_key_value_heads,
             "rotary_max_length": self.rotary_max_length, "rotary_base": self.rotary_base,
             "rotary_dim": self.rotary_dim, "rotary_interleaved": self.rotary_interleaved,
-            "rotary_scaling": self.rotary_scaling,
+            "rotary_scaling": self.rotary_scaling, "qk_norm": self.qk_norm,
+            "qk_norm_epsilon": self.epsilon, "qk_norm_offset": self.norm_offset,
+            "score_scale": self.query_scale, "score_softcap": self.attention_softcap,
         }  # fmt: skip
+
+    def _check_moe(self, where: str) -> None:
+        """``moe`` as a `MoEConfig` (a dict of its fields is converted); its experts are
+        gated and have no biases, so it needs ``gated=True`` and ``ffn_bias=False``."""
+        moe = moe_config(where, self.moe)
+        object.__setattr__(self, "moe", moe)
+        if moe is not None and (self.gated is not True or self.ffn_bias is not False):
+            raise ValueError(
+                f"{where}: `moe` (gated experts without biases) needs gated=True and "
+                f"ffn_bias=False; received gated={self.gated!r}, ffn_bias={self.ffn_bias!r}."
+            )
+
+    def for_layer(self, index: int) -> DecoderBlockConfig:
+        """The options of the model's block ``index``: this config, or for a block listed
+        in ``moe.dense_layers`` the same without ``moe`` (a dense feed-forward network of
+        width ``dff``)."""
+        if self.moe is not None and index in self.moe.dense_layers:
+            return dataclasses.replace(self, moe=None)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict (JSON-ready; ``DecoderBlockConfig(**d)`` remakes it)."""
@@ -162,6 +220,28 @@ class DecoderBlockConfig:
 #: The field names of `DecoderBlockConfig`: the options `TransformerDecoderOnlyLayer`
 #: takes as keyword arguments.
 BLOCK_OPTIONS = tuple(f.name for f in dataclasses.fields(DecoderBlockConfig))
+
+
+def check_float_option(where: str, name: str, value: Any) -> float:
+    """``value`` as a Python float: a positive finite number (bools refused), else
+    ``ValueError`` naming ``name`` and quoting the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and value > 0
+    ):  # fmt: skip
+        raise ValueError(f"{where}: `{name}` must be a positive finite float; received {value!r}.")
+    return float(value)
+
+
+def make_norm(config: DecoderBlockConfig, name: str, dtype: Any = None) -> Any:
+    """One normalisation of a block (or a model's final one) as ``config`` describes
+    it: `LayerNormalization` (``norm="layer"``) or `RMSNormalization` (``"rms"``, with
+    ``norm_offset`` as its ``unit_offset``), epsilon ``config.epsilon``. A module
+    function, not a method of the config, so that a Paddle twin's call makes the twins."""
+    if config.norm == "layer":
+        return LayerNormalization(epsilon=config.epsilon, name=name, dtype=dtype)
+    return RMSNormalization(
+        epsilon=config.epsilon, unit_offset=config.norm_offset, name=name, dtype=dtype
+    )
 
 
 def block_config(where: str, config: Any, options: dict[str, Any]) -> DecoderBlockConfig:
@@ -200,6 +280,10 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
         h = x + dropout_1(self_attention(norm_1(x), causal))
         y = h + dropout_2(ffn(norm_2(h)))
 
+    With ``post_norms`` (Gemma 2 and 3) the two branches are normalised once more before
+    their residual additions: ``h = x + dropout_1(post_norm_1(self_attention(norm_1(x),
+    causal)))`` and ``y = h + dropout_2(post_norm_2(ffn(norm_2(h))))``.
+
     Post-norm (``norm_first=False``, the default, as `TransformerDecoderLayer`)::
 
         h = norm_1(x + dropout_1(self_attention(x, causal)))
@@ -213,7 +297,8 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
     Sublayers: ``self_attention`` (`MultiHeadAttention`: ``query``, ``key``, ``value``,
     ``attention_output``), ``ffn`` (`FeedForward`: ``gate`` (gated only), ``up``,
     ``down``), ``norm_1``, ``norm_2`` (`LayerNormalization` with ``gamma`` and ``beta``,
-    or `RMSNormalization` with ``scale``), ``dropout_1``, ``dropout_2``.
+    or `RMSNormalization` with ``scale``), with ``post_norms`` also ``post_norm_1`` and
+    ``post_norm_2``, ``dropout_1``, ``dropout_2``.
 
     Args:
         d_model, num_heads, dff: the sizes (``hidden_size``, query heads,
@@ -295,18 +380,31 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
             dtype=dtype,
             **sublayer_initializers(self),
         )
-        self.ffn = FeedForward(
-            config.dff,
-            activation=config.activation,
-            gated=config.gated,
-            use_bias=config.ffn_bias,
-            name="ffn",
-            dtype=dtype,
-            **sublayer_initializers(self),
+        self.ffn = (
+            MixtureOfExperts(
+                **config.moe.layer_options(),
+                activation=config.activation,
+                name="ffn",
+                dtype=dtype,
+                kernel_initializer=self.kernel_initializer,
+            )
+            if config.moe is not None
+            else FeedForward(
+                config.dff,
+                activation=config.activation,
+                gated=config.gated,
+                use_bias=config.ffn_bias,
+                name="ffn",
+                dtype=dtype,
+                **sublayer_initializers(self),
+            )
         )
-        norm_class = LayerNormalization if config.norm == "layer" else RMSNormalization
-        self.norm_1 = norm_class(epsilon=config.epsilon, name="norm_1", dtype=dtype)
-        self.norm_2 = norm_class(epsilon=config.epsilon, name="norm_2", dtype=dtype)
+        self.norm_1 = make_norm(config, "norm_1", dtype)
+        self.norm_2 = make_norm(config, "norm_2", dtype)
+        self.post_norm_1 = self.post_norm_2 = None
+        if config.post_norms:
+            self.post_norm_1 = make_norm(config, "post_norm_1", dtype)
+            self.post_norm_2 = make_norm(config, "post_norm_2", dtype)
         seeds = [None if seed is None else seed + i for i in range(2)]
         self.dropout_1, self.dropout_2 = (
             keras.layers.Dropout(config.rate, seed=s, name=f"dropout_{i + 1}", dtype=dtype)
@@ -326,6 +424,9 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
         self.norm_1.build(shape)
         self.norm_2.build(shape)
         self.ffn.build(shape)
+        if self.post_norm_1 is not None:
+            self.post_norm_1.build(shape)
+            self.post_norm_2.build(shape)
 
     def init_cache(self, batch_size: int, max_length: int, dtype: str | None = None):
         """An empty self-attention cache for ``max_length`` positions: zeros ``(batch_size,
@@ -367,9 +468,13 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
         def run(layer, h):
             return call_sublayer(layer, h)
 
+        def post(layer, h):
+            return h if layer is None else run(layer, h)
+
         if self.norm_first:
-            h = x + drop(self.dropout_1, attend(run(self.norm_1, x)))
-            y = h + drop(self.dropout_2, run(self.ffn, run(self.norm_2, h)))
+            h = x + drop(self.dropout_1, post(self.post_norm_1, attend(run(self.norm_1, x))))
+            f = post(self.post_norm_2, run(self.ffn, run(self.norm_2, h)))
+            y = h + drop(self.dropout_2, f)
         else:
             h = run(self.norm_1, x + drop(self.dropout_1, attend(x)))
             y = run(self.norm_2, h + drop(self.dropout_2, run(self.ffn, h)))

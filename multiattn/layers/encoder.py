@@ -45,7 +45,9 @@ class TransformerEncoderLayer(TransformerBlock):
         rate: dropout rate (training only).
         norm_first: pre-LayerNorm instead of post-LayerNorm.
         epsilon: LayerNormalization epsilon.
-        activation: activation of the first feed-forward layer.
+        activation: activation of the first feed-forward layer: a Keras activation, or
+            one of transformers' tanh GELUs ``"gelu_new"``, ``"gelu_tanh"``,
+            ``"gelu_pytorch_tanh"`` (applied by `multiattn.ops.activation`).
         seed: int seed for the dropout layers.
         kernel_initializer, bias_initializer: Keras initializers (names, objects or
             configs) of the attention projections and the feed-forward layers; each

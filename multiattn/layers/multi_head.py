@@ -21,6 +21,7 @@ import numpy as np
 from .._checks import check_flag, check_rate, fmt_shape, shape_of
 from ..namespaces.keras import get_ops
 from ..ops.attention import attend
+from ..ops.normalization import check_epsilon
 from ._base import (
     call_sublayer,
     check_layer_seed,
@@ -59,6 +60,7 @@ from ._mha_masks import (
     read_keras_masks,
 )
 from ._mha_projections import einsum_dense, load_flat_layout, project_cross, project_inputs
+from .normalization import RMSNormalization
 from .rotary import RotaryEmbedding
 
 __all__ = ["MultiHeadAttention"]
@@ -135,6 +137,20 @@ class MultiHeadAttention(keras.layers.Layer):
         use_output_bias: whether the output projection has a bias; None (default):
             ``use_bias``. ``use_bias=True, use_output_bias=False`` gives biases on the
             query, key and value projections only (as Qwen2 checkpoints have them).
+        qk_norm: RMS-normalise each head's projected queries and keys over its ``D``
+            features (sublayers ``query_norm`` and ``key_norm``, `RMSNormalization` with
+            a ``scale`` of shape ``(D,)`` shared by the heads) before the rotary
+            embedding (Qwen3, Gemma 3). Default False.
+        qk_norm_epsilon: those norms' epsilon (default ``1e-6``).
+        qk_norm_offset: those norms' gain is ``1 + scale`` (Gemma 3; see
+            `RMSNormalization`'s ``unit_offset``). Default False.
+        score_scale: the multiplier of the query-key dot products, a positive finite
+            float (Gemma 2 and 3: ``query_pre_attn_scalar ** -0.5``); None (default):
+            ``1 / sqrt(key_dim)``.
+        score_softcap: soft-cap ``c`` of the scaled scores, a positive finite float:
+            ``s -> c * tanh(s / c)`` before the bias and the mask (Gemma 2's
+            ``attn_logit_softcapping``), in the full pass and through the cache; it keeps
+            the attention on the explicit path. None (default): none.
 
     Call arguments (Keras'):
         query: ``(batch, queries, E_q)`` (or more axes with ``attention_axes``), floating
@@ -221,7 +237,9 @@ class MultiHeadAttention(keras.layers.Layer):
         num_key_value_heads: int | None = None, rotary_max_length: int | None = None,
         rotary_base: float = 10000.0, rotary_dim: int | None = None,
         rotary_interleaved: bool = False, rotary_scaling: dict | None = None,
-        use_output_bias: bool | None = None, **kwargs: Any,
+        use_output_bias: bool | None = None, qk_norm: bool = False,
+        qk_norm_epsilon: float = 1e-6, qk_norm_offset: bool = False,
+        score_scale: float | None = None, score_softcap: float | None = None, **kwargs: Any,
     ):  # fmt: skip
         where = self._WHERE
         num_heads = positive_int(where, "num_heads", num_heads)
@@ -257,7 +275,30 @@ class MultiHeadAttention(keras.layers.Layer):
         self.supports_masking = True
         self._init_rotary(rotary_max_length, rotary_base, rotary_dim, rotary_interleaved,
                           rotary_scaling)  # fmt: skip
+        self._init_qk_norm(qk_norm, qk_norm_epsilon, qk_norm_offset)
+        if score_scale is not None:  # else the class's (T5's attention sets 1.0)
+            self.score_scale = _positive_float(where, "score_scale", score_scale)
+        self.score_softcap = None
+        if score_softcap is not None:
+            self.score_softcap = _positive_float(where, "score_softcap", score_softcap)
         self._axes: tuple[int, ...] = (1,)
+
+    def _init_qk_norm(self, qk_norm: Any, epsilon: Any, offset: Any) -> None:
+        """The query/key norm options (checked) and the ``query_norm`` and ``key_norm``
+        sublayers when ``qk_norm`` is True."""
+        where = self._WHERE
+        for name, value in (("qk_norm", qk_norm), ("qk_norm_offset", offset)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{where}: `{name}` must be a bool; received {value!r}.")
+        self.qk_norm, self.qk_norm_offset = qk_norm, offset
+        self.qk_norm_epsilon = check_epsilon(where, epsilon)
+        self.query_norm = self.key_norm = None
+        if qk_norm:
+            policy, eps = self.dtype_policy, self.qk_norm_epsilon
+            self.query_norm, self.key_norm = (
+                RMSNormalization(epsilon=eps, unit_offset=offset, name=name, dtype=policy)
+                for name in ("query_norm", "key_norm")
+            )
 
     def _init_rotary(self, max_length, base, dim, interleaved, scaling) -> None:
         """The rotary options (checked) and the ``rotary`` sublayer when
@@ -346,6 +387,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self._output_dense.build((*qs[:-1], h, dv))
         if self.rotary is not None:
             self.rotary.build((None, None, h, d))
+        if self.query_norm is not None:
+            self.query_norm.build((None, None, h, d))
+            self.key_norm.build((None, None, hkv, d))
 
     # -- projections -------------------------------------------------------------------------
 
@@ -372,11 +416,24 @@ class MultiHeadAttention(keras.layers.Layer):
         return self._project(ops, heads, self._output_dense, contract=2)
 
     def _rotate(self, q: Any, k: Any, q_offset: Any = 0, k_offset: Any = 0) -> tuple[Any, Any]:
+        """Projected ``q`` and ``k`` ``(B, T, H, D)`` with the query/key norms (``qk_norm``)
+        and then the rotary embedding applied (each when the layer has it)."""
+        q, k = self._qk_normed(q, k)
         if self.rotary is None:
             return q, k
         return (
             call_sublayer(self.rotary, q, offset=q_offset),
             call_sublayer(self.rotary, k, offset=k_offset),
+        )
+
+    def _qk_normed(self, q: Any, k: Any) -> tuple[Any, Any]:
+        """``q`` and ``k`` through ``query_norm`` / ``key_norm`` (with ``qk_norm``); either
+        may be None (not normalised)."""
+        if self.query_norm is None:
+            return q, k
+        return (
+            None if q is None else call_sublayer(self.query_norm, q),
+            None if k is None else call_sublayer(self.key_norm, k),
         )
 
     # -- attention ---------------------------------------------------------------------------
@@ -392,7 +449,7 @@ class MultiHeadAttention(keras.layers.Layer):
             ops, q, k, v, keep=keep, valid_lens=lens, causal=causal, scale=scale,
             dropout=self.dropout, training=training, seed=self.seed_generator,
             return_weights=return_weights, bias=bias, kv_heads_first=kv_heads_first,
-            kv_finite=kv_finite,
+            kv_finite=kv_finite, softcap=self.score_softcap,
         )  # fmt: skip
 
     def _scores_shape(self, q: Any, k: Any) -> tuple:
@@ -608,6 +665,14 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def get_config(self) -> dict:
         serialize = keras.saving.serialize_keras_object
+        extra = {}  # only the options set: configs without them stay as they were
+        if self.qk_norm:
+            extra = {"qk_norm": True, "qk_norm_epsilon": self.qk_norm_epsilon,
+                     "qk_norm_offset": self.qk_norm_offset}  # fmt: skip
+        if "score_scale" in vars(self):
+            extra["score_scale"] = self.score_scale
+        if self.score_softcap is not None:
+            extra["score_softcap"] = self.score_softcap
         return {
             **super().get_config(),
             "num_heads": self.num_heads,
@@ -635,7 +700,17 @@ class MultiHeadAttention(keras.layers.Layer):
             "rotary_interleaved": self.rotary_interleaved,
             "rotary_scaling": None if self.rotary_scaling is None else dict(self.rotary_scaling),
             "use_output_bias": self.use_output_bias,
+            **extra,
         }
 
 
 MultiHeadAttention._compute_attention._multiattn_own = True
+
+
+def _positive_float(where: str, name: str, value: Any) -> float:
+    """``value`` as a Python float: a positive finite number (bools refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ) or not (math.isfinite(float(value)) and float(value) > 0):  # fmt: skip
+        raise ValueError(f"{where}: `{name}` must be a positive finite float; received {value!r}.")
+    return float(value)

@@ -131,10 +131,17 @@ class RMSNormalization(keras.layers.Layer):
     Unlike ``keras.layers.LayerNormalization(rms_scaling=True)``, which divides by the
     centred variance (see `multiattn.layers.LayerNormalization`), this is RMSNorm.
 
+    With ``unit_offset=True`` the gain is ``1 + scale`` (Gemma's RMSNorm, whose
+    checkpoints store the gain minus one): ``scale`` starts at zeros, and the one is
+    added in the compute dtype (float32 for half-precision inputs), so under
+    ``mixed_bfloat16`` the whole gain multiplies in float32 before the cast, as
+    transformers' Gemma computes it.
+
     Args:
         axis: int or non-empty list of distinct ints: the axes normalised together
             (negative values count from the end). Default ``-1``, the last axis.
         epsilon: positive finite float added to the mean square (default ``1e-6``).
+        unit_offset: the gain is ``1 + scale`` (default False: ``scale``).
         **kwargs: ``keras.layers.Layer`` arguments (``name``, ``dtype``, ...).
 
     Call arguments:
@@ -150,13 +157,19 @@ class RMSNormalization(keras.layers.Layer):
             positive and finite, inputs whose normalised axes differ from the built ones.
     """
 
-    def __init__(self, axis: Any = -1, epsilon: float = RMS_NORM_EPSILON, **kwargs):
+    def __init__(
+        self, axis: Any = -1, epsilon: float = RMS_NORM_EPSILON, unit_offset: bool = False,
+        **kwargs,
+    ):  # fmt: skip
         where = "RMSNormalization"
         axis = _check_axis(where, axis)
         epsilon = check_epsilon(where, epsilon)
+        if not isinstance(unit_offset, bool):
+            raise TypeError(f"{where}: `unit_offset` must be a bool; received {unit_offset!r}.")
         super().__init__(**kwargs)
         self.axis = axis
         self.epsilon = epsilon
+        self.unit_offset = unit_offset
         self.supports_masking = True
         self.autocast = False
         self.scale = None
@@ -174,7 +187,11 @@ class RMSNormalization(keras.layers.Layer):
                 f"received shape {fmt_shape(shape)}."
             )
         self.scale = self.add_weight(
-            name="scale", shape=dims, initializer="ones", trainable=True, autocast=False
+            name="scale",
+            shape=dims,
+            initializer="zeros" if self.unit_offset else "ones",
+            trainable=True,
+            autocast=False,
         )
 
     def call(self, inputs):
@@ -190,8 +207,9 @@ class RMSNormalization(keras.layers.Layer):
                 f"was built with them); received shape {fmt_shape(shape)}."
             )
         rank = len(shape)
+        offset = 1.0 if self.unit_offset else 0.0
         if axes == [rank - 1]:
-            out = rms_norm(inputs, self.scale, epsilon=self.epsilon)
+            out = rms_norm(inputs, self.scale, epsilon=self.epsilon, offset=offset)
         else:
             ops = get_ops(inputs)
             rest = [a for a in range(rank) if a not in axes]
@@ -200,7 +218,9 @@ class RMSNormalization(keras.layers.Layer):
             moved_shape = ops.shape(moved)
             width = math.prod(built)
             flat = ops.reshape(moved, (*moved_shape[: len(rest)], width))
-            out = rms_norm(flat, ops.reshape(self.scale, (width,)), epsilon=self.epsilon)
+            out = rms_norm(
+                flat, ops.reshape(self.scale, (width,)), epsilon=self.epsilon, offset=offset
+            )
             out = ops.reshape(out, moved_shape)
             out = ops.transpose(out, [perm.index(a) for a in range(rank)])
         return get_ops(out).cast(out, self.compute_dtype)
@@ -210,4 +230,7 @@ class RMSNormalization(keras.layers.Layer):
         return tuple(input_shape)
 
     def get_config(self) -> dict:
-        return {**super().get_config(), "axis": self.axis, "epsilon": self.epsilon}
+        config = {**super().get_config(), "axis": self.axis, "epsilon": self.epsilon}
+        if self.unit_offset:
+            config["unit_offset"] = True
+        return config

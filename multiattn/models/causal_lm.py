@@ -31,11 +31,17 @@ from ..decoding.generation import (
     left_padded_prompt,
 )
 from ..hf._tensors import Lazy
-from ..layers import LayerNormalization, RMSNormalization, TransformerDecoderOnlyLayer
+from ..layers import TransformerDecoderOnlyLayer
 from ..layers._base import call_sublayer
-from ..layers.decoder_only import DecoderBlockConfig, block_config
+from ..layers.decoder_only import (
+    DecoderBlockConfig,
+    block_config,
+    check_float_option,
+    make_norm,
+)
 from ..namespaces.keras import get_ops
 from ._ids import padding_mask, poison, token_ids
+from ._moe_weights import stack_experts, unstack_experts
 from .bert import assign_weight
 
 __all__ = ["CausalLM", "CausalLMConfig"]
@@ -43,7 +49,7 @@ __all__ = ["CausalLM", "CausalLMConfig"]
 # The model's own fields among the flat sizes of `multiattn.hf.causal_lm`; the other keys
 # are the blocks' (`DecoderBlockConfig`), four of them under Hugging Face names.
 _MODEL_KEYS = ("vocab_size", "num_layers", "max_positions", "learned_positions", "tied",
-               "fused_qkv")  # fmt: skip
+               "fused_qkv", "embed_scale", "logit_softcap")  # fmt: skip
 _BLOCK_NAMES = {"hidden_size": "d_model", "intermediate_size": "dff",
                 "rope_theta": "rotary_base", "rope_scaling": "rotary_scaling"}  # fmt: skip
 
@@ -66,6 +72,17 @@ class CausalLMConfig:
         fused_qkv: the neutral weights hold one ``layer_<i>/qkv`` projection (GPT-2's
             ``c_attn``) instead of separate query, key and value kernels; the model is
             the same.
+        embed_scale: the token embeddings are multiplied by this positive float (Gemma:
+            ``sqrt(hidden_size)``), rounded to float32 first and then to the compute
+            dtype, as transformers' float32 buffer is; None (default): not scaled.
+        logit_softcap: soft-cap ``c`` of the logits, ``c * tanh(logits / c)`` in the
+            compute dtype (Gemma 2's ``final_logit_softcapping``); None (default): none.
+        layer_overrides: per-block differences from ``block``: a tuple (or list) of
+            ``num_layers`` dicts of `DecoderBlockConfig` fields, block ``i`` being
+            ``block`` with ``layer_overrides[i]`` replaced (e.g. Gemma 2's alternating
+            ``{"sliding_window": 4096}`` / ``{}``, Gemma 3's per-layer ``rotary_base``);
+            each is checked as a `DecoderBlockConfig` here. None (default): every block
+            is ``block``. See `block_of`.
     """
 
     vocab_size: int
@@ -75,6 +92,9 @@ class CausalLMConfig:
     learned_positions: bool = False
     tied: bool = False
     fused_qkv: bool = False
+    embed_scale: float | None = None
+    logit_softcap: float | None = None
+    layer_overrides: tuple[dict, ...] | None = None
 
     def __post_init__(self) -> None:
         where = "CausalLMConfig"
@@ -83,6 +103,34 @@ class CausalLMConfig:
         for name in ("learned_positions", "tied", "fused_qkv"):
             check_bool(where, name, getattr(self, name))
         object.__setattr__(self, "block", block_config(where, self.block, {}))
+        for name in ("embed_scale", "logit_softcap"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_float_option(where, name, getattr(self, name)))
+        self._check_overrides(where)
+
+    def _check_overrides(self, where: str) -> None:
+        overrides = self.layer_overrides
+        if overrides is None:
+            return
+        if not isinstance(overrides, (tuple, list)) or len(overrides) != self.num_layers:
+            raise ValueError(
+                f"{where}: `layer_overrides` must be a tuple of num_layers={self.num_layers} "
+                f"dicts; received {overrides!r}."
+            )
+        for i, override in enumerate(overrides):
+            if not isinstance(override, dict):
+                raise ValueError(
+                    f"{where}: `layer_overrides[{i}]` must be a dict of DecoderBlockConfig "
+                    f"fields; received {override!r}."
+                )
+            block_config(f"{where}: `layer_overrides[{i}]`", self.block, dict(override))
+        object.__setattr__(self, "layer_overrides", tuple(dict(o) for o in overrides))
+
+    def block_of(self, index: int) -> DecoderBlockConfig:
+        """The options of block ``index``: ``block`` with ``layer_overrides[index]``."""
+        if self.layer_overrides is None or not self.layer_overrides[index]:
+            return self.block
+        return block_config("CausalLMConfig", self.block, self.layer_overrides[index])
 
     @classmethod
     def from_sizes(cls, sizes: dict[str, Any]) -> CausalLMConfig:
@@ -90,9 +138,14 @@ class CausalLMConfig:
         names): pre-norm blocks without dropout, rotary over ``max_positions`` unless
         the positions are learned."""
         model = {k: sizes[k] for k in _MODEL_KEYS if k in sizes}
-        block = {_BLOCK_NAMES.get(k, k): v for k, v in sizes.items() if k not in _MODEL_KEYS}
+        block = {_BLOCK_NAMES.get(k, k): v for k, v in sizes.items()
+                 if k not in _MODEL_KEYS and k != "layers"}  # fmt: skip
         rotary = None if model.get("learned_positions") else sizes.get("max_positions")
         block.update(rate=0.0, norm_first=True, rotary_max_length=rotary)
+        if sizes.get("layers") is not None:  # per-layer sizes, the same names
+            model["layer_overrides"] = tuple(
+                {_BLOCK_NAMES.get(k, k): v for k, v in layer.items()} for layer in sizes["layers"]
+            )
         return cls(**model, block=block)
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,13 +192,12 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         self.config = config
         policy = self.dtype_policy
         self.blocks = [
-            TransformerDecoderOnlyLayer(config=config.block, name=f"layer_{i}", dtype=policy)
+            TransformerDecoderOnlyLayer(
+                config=config.block_of(i).for_layer(i), name=f"layer_{i}", dtype=policy
+            )
             for i in range(config.num_layers)
         ]
-        norm_class = LayerNormalization if config.block.norm == "layer" else RMSNormalization
-        self.final_norm = norm_class(
-            epsilon=config.block.epsilon, name="final_norm", dtype=self.dtype_policy
-        )
+        self.final_norm = make_norm(config.block, "final_norm", self.dtype_policy)
 
     vocab_size = property(lambda self: self.config.vocab_size)
     hidden_size = property(lambda self: self.config.block.d_model)
@@ -177,6 +229,8 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         """Token (and learned position) embeddings of int ``ids`` at int ``positions``."""
         ops = keras.ops
         x = ops.cast(ops.take(self.word, ids, axis=0), self.compute_dtype)
+        if self.config.embed_scale is not None:  # float32 first, as transformers' buffer
+            x = x * ops.cast(float(np.float32(self.config.embed_scale)), self.compute_dtype)
         if self.position is not None:
             x = x + ops.cast(ops.take(self.position, positions, axis=0), self.compute_dtype)
         return x
@@ -187,7 +241,11 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         # whose torch float64 product returns float32.
         ops = get_ops(x)
         weight = ops.transpose(self.word) if self.tied else self.lm_head
-        return {"logits": ops.linear(x, ops.cast(weight, x.dtype)), "last_hidden_state": x}
+        logits = ops.linear(x, ops.cast(weight, x.dtype))
+        cap = self.config.logit_softcap
+        if cap is not None:
+            logits = ops.tanh(logits / cap) * cap
+        return {"logits": logits, "last_hidden_state": x}
 
     def _ids_and_mask(self, input_ids, attention_mask):
         """``(int32 ids, valid or None, int32 0/1 mask)`` (`multiattn.models._ids`)."""
@@ -270,6 +328,15 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
                                        step_index(state["seq"] + t), state["slots"])  # fmt: skip
         return logits
 
+    def _reorder(self, state, rows) -> None:
+        """Beam search's seam (`multiattn.decoding.beams`): every cache of
+        ``state["caches"]`` gathered along its batch axis at int ``(batch,)`` ``rows`` (row
+        ``i`` becomes row ``rows[i]``), in place in ``state``. The rest of ``state`` is the
+        same for every beam of a prompt. One definition: T5's is this one."""
+        rows = np.asarray(rows, np.int32)
+        take = lambda c: keras.ops.take(c, rows, axis=0)  # noqa: E731
+        state["caches"] = keras.tree.map_structure(take, state["caches"])
+
     def compute_output_shape(self, input_ids_shape, attention_mask_shape=None):
         b, s = input_ids_shape
         return {"logits": (b, s, self.vocab_size), "last_hidden_state": (b, s, self.hidden_size)}
@@ -302,13 +369,22 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
     def set_neutral_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Assign neutral weights (`multiattn.hf.causal_lm` names)."""
         weights = _split_qkv(self, weights) if self.fused_qkv else weights
+        weights = stack_experts(weights, _experts(self)) if _experts(self) else weights
         for name, variable in self._variables().items():
             assign_weight(name, variable, weights, "CausalLM")
 
     def neutral_weights(self) -> dict[str, np.ndarray]:
         """The neutral weights as NumPy arrays in the variables' dtype."""
         out = {k: np.asarray(keras.ops.convert_to_numpy(v)) for k, v in self._variables().items()}
+        out = unstack_experts(out, _experts(self)) if _experts(self) else out
         return _fuse_qkv(self, out) if self.fused_qkv else out
+
+
+def _experts(model: CausalLM) -> dict[str, int]:
+    """``layer_<i>/ffn`` -> the number of experts, for each mixture-of-experts block (its
+    neutral weights name each expert's kernels, `multiattn.models._moe_weights`)."""
+    return {f"layer_{i}/ffn": b.config.moe.num_experts
+            for i, b in enumerate(model.blocks) if b.config.moe is not None}  # fmt: skip
 
 
 def step_index(index: Any) -> Any:

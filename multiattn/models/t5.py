@@ -38,7 +38,7 @@ from ..ops.activations import check_activation
 from ..ops.normalization import check_epsilon
 from ._ids import padding_mask, poison, token_ids
 from .bert import assign_weight
-from .causal_lm import step_ids, step_index
+from .causal_lm import CausalLM, step_ids, step_index
 
 __all__ = ["T5Attention", "T5Block", "T5Config", "T5ForConditionalGeneration", "relative_buckets"]
 
@@ -404,6 +404,10 @@ class T5ForConditionalGeneration(GenerationMixin, keras.layers.Layer):
         logits, state["caches"] = step(step_ids(token), state["caches"], step_index(t + 1),
                                        state["cross"], state["memory_mask"])  # fmt: skip
         return logits
+
+    # beam search: the self-attention caches gathered by rows (the cross-attention keys,
+    # values and mask are the same for every beam of a prompt)
+    _reorder = CausalLM._reorder
 
     def get_config(self) -> dict:
         return {**super().get_config(), "config": self.config.to_dict()}

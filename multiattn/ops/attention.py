@@ -107,6 +107,7 @@ def attend(
     bias: Any = None,
     kv_heads_first: bool = False,
     kv_finite: bool = False,
+    softcap: float | None = None,
 ) -> Any:
     """Attention on validated ``(batch, seq, heads, dim)`` arrays (internal).
 
@@ -146,6 +147,10 @@ def attend(
             (a checked KV cache): the explicit path then runs unscreened (it gives the
             rows of a non-finite query NaN by itself); the fused kernel's screen covers
             the query alone.
+        softcap: a positive float ``c``: the scaled scores ``s`` become ``c * tanh(s / c)``
+            before the bias and the mask (Gemma 2's ``attn_logit_softcapping``), in the
+            compute dtype; None (default): unchanged. It keeps the call on the explicit
+            path (the planner's ``softcap``).
 
     Returns:
         ``(B, Tq, H, Dv)``, and the weights ``(B, H, Tq, Tk)`` when ``return_weights``.
@@ -169,7 +174,7 @@ def attend(
         ops, (query, key, value), keep, valid_lens, causal, dtype, block_size, wanted,
         kv_heads_first,
     )  # fmt: skip
-    spec = dataclasses.replace(spec, bias=bias is not None)
+    spec = dataclasses.replace(spec, bias=bias is not None, softcap=softcap is not None)
     spec = _choices(ops, spec, (query, key, value), kv_heads_first)
     how = plan.plan_attention(spec)
     sizes = tuple(
@@ -194,7 +199,7 @@ def attend(
         if how.path == "blockwise":
             return (_blockwise(ops, q, k, v, keep, valid_lens, how, scale, bias),)
         out, weights = _direct_attention(
-            ops, q, k, v, keep, how, scale, drop, bias, scores, heads_first
+            ops, q, k, v, keep, how, scale, drop, bias, scores, heads_first, softcap
         )
         return (out,) if weights is None else (out, weights)
 
@@ -456,6 +461,7 @@ def _direct_attention(
     bias: Any = None,
     scores: list | None = None,
     kv_heads_first: bool = False,
+    softcap: float | None = None,
 ) -> tuple[Any, Any]:
     """The fused or the explicit path of ``how``: the whole ``(B, H, Tq, Tk)`` score
     matrix at once (unless the backend's fused kernel streams), or on the explicit path
@@ -483,7 +489,7 @@ def _direct_attention(
     rate, seed = drop if drop is not None else (0.0, None)
     return _explicit_attention(
         ops, query, key, value, keep, scale, rate, drop is not None, seed, how.weights, bias,
-        scores, kv_heads_first,
+        scores, kv_heads_first, softcap=softcap,
     )  # fmt: skip
 
 
@@ -535,7 +541,7 @@ def _blockwise(
 
 def _explicit_attention(
     ops, query, key, value, keep, scale, dropout, training, seed, return_weights, bias=None,
-    raw_scores=None, kv_heads_first=False, kept=None,
+    raw_scores=None, kv_heads_first=False, kept=None, softcap=None,
 ):  # fmt: skip
     """Scores, masked softmax and weighted sum, in head-major layout; returns the output
     and, with ``return_weights``, the weights (else None).
@@ -564,7 +570,9 @@ def _explicit_attention(
     ``kept``, a list (without weights or dropout), receives the weights ``(B, H, Tq, Tk)``
     (those of a row with nothing to keep uniform: its output is zeroed) and the log of
     each row's softmax denominator ``(B, H, Tq, 1)`` (`multiattn.ops.masking.softmax_lse`),
-    for the backward pass of `multiattn.ops.explicit_grad`.
+    for the backward pass of `multiattn.ops.explicit_grad`. ``softcap`` ``c`` (a float,
+    or None) replaces the scaled scores ``s`` by ``c * tanh(s / c)`` before the bias and
+    the mask (``raw_scores`` receives them before).
     """
     q = ops.transpose(query * scale, (0, 2, 1, 3))
     k, v = key, value
@@ -579,6 +587,8 @@ def _explicit_attention(
         scores = ops.reshape(_score_product(ops, q, k, kv_heads_first), (b, heads, tq, tk))
     if raw_scores is not None:
         raw_scores.append(scores)
+    if softcap is not None:
+        scores = ops.tanh(scores / softcap) * softcap
     if bias is not None:
         scores = scores + bias
     if kept is not None:

@@ -111,7 +111,9 @@ def check_epsilon(where: str, epsilon: Any) -> float:
     return value
 
 
-def rms_norm(x: Any, scale: Any = None, *, epsilon: float = RMS_NORM_EPSILON) -> Any:
+def rms_norm(
+    x: Any, scale: Any = None, *, epsilon: float = RMS_NORM_EPSILON, offset: float = 0.0
+) -> Any:
     """Root mean square normalisation over the last axis (RMSNorm, Zhang and Sennrich 2019).
 
     ``x / sqrt(mean(x**2, axis=-1) + epsilon) * scale``: no mean is subtracted and no
@@ -130,12 +132,16 @@ def rms_norm(x: Any, scale: Any = None, *, epsilon: float = RMS_NORM_EPSILON) ->
             None multiplies by nothing (a gain of ones).
         epsilon: positive finite float added to the mean square; default ``1e-6``
             (``RMS_NORM_EPSILON``, as ``keras.layers.RMSNormalization``).
+        offset: a float added to ``scale`` before it multiplies, in the compute dtype
+            (float32 for half-precision inputs): ``1.0`` gives Gemma's ``(1 + scale)``
+            gain, whose checkpoints store the gain minus one. Default 0.0. Ignored
+            without ``scale``.
 
     Returns:
         The normalised tensor, shape and dtype of ``x``.
 
     Raises:
-        TypeError: ``x`` or ``scale`` not floating, ``epsilon`` not a number.
+        TypeError: ``x`` or ``scale`` not floating, ``epsilon`` or ``offset`` not a number.
         ValueError: ``x`` of rank 0 or with a non-static last axis, ``scale`` not of shape
             ``(d,)``, ``epsilon`` not positive and finite.
     """
@@ -161,6 +167,10 @@ def rms_norm(x: Any, scale: Any = None, *, epsilon: float = RMS_NORM_EPSILON) ->
                 f"{fmt_shape(shape)}; received shape {fmt_shape(ss)}."
             )
         scale = ops.cast(to_tensor(ops, scale), compute)
+        if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+            raise TypeError(f"{where}: `offset` must be a float; received {offset!r}.")
+        if offset:
+            scale = scale + float(offset)
     x = to_tensor(ops, x)
     if compute != dtype:
         x = ops.cast(x, compute)

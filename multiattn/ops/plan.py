@@ -121,7 +121,10 @@ class AttentionSpec:
     is given; ``lengths``: valid lengths, one per sequence ``(B,)`` or one per query
     ``(B, Tq)``; ``causal``: the bottom-right aligned causal mask; ``bias``: an additive
     float bias is added to the scores (no fused kernel takes one: the explicit or the
-    blockwise path runs). ``weights``: the
+    blockwise path runs); ``softcap``: the scores are soft-capped, ``c * tanh(s / c)``
+    before the bias and the mask (Gemma 2): only the explicit path computes it (no fused
+    kernel takes it, the blockwise path does not; the explicit path is then taken
+    whatever the memory budget, and differentiated automatically). ``weights``: the
     weights are returned; ``dropout``: dropout is active (a rate above 0 while
     training); ``traced``: the inputs are symbolic (``jax.jit``, ``tf.function``).
     ``memory_budget`` (bytes) and ``block_size`` (forced ``(queries, keys)`` blocks, or
@@ -152,6 +155,7 @@ class AttentionSpec:
     lengths: Lengths = "none"
     causal: bool = False
     bias: bool = False
+    softcap: bool = False
     weights: bool = False
     dropout: bool = False
     traced: bool = False
@@ -186,8 +190,9 @@ class AttentionSpec:
 
     @property
     def needs_matrix(self) -> bool:
-        """The weights or dropout need the whole weight matrix: only the explicit path."""
-        return self.weights or self.dropout
+        """The weights, dropout or a score soft-cap need the whole score matrix: only the
+        explicit path."""
+        return self.weights or self.dropout or self.softcap
 
     @property
     def effective_causal(self) -> bool:
@@ -224,6 +229,7 @@ class AttentionPlan:
     chunks: int = 1
     backward: Backward = "autodiff"
     bias: bool = False
+    softcap: bool = False
 
     def __post_init__(self) -> None:
         if self.path not in _PATHS:
@@ -271,6 +277,10 @@ def _plan_problems(plan: AttentionPlan) -> list[str]:
             plan.backward != "autodiff"
             and (plan.path != "explicit" or plan.weights or plan.dropout or plan.bias),
             "the own backward pass goes with the explicit path without weights, dropout or bias",
+        ),
+        (
+            plan.softcap and (plan.path != "explicit" or plan.backward != "autodiff"),
+            "a score soft-cap goes with the explicit path, differentiated automatically",
         ),
     ]
     return [message for broken, message in rules if broken]
@@ -497,6 +507,7 @@ def _explicit_plan(spec: AttentionSpec) -> AttentionPlan:
         chunks=_chunks(spec),
         backward=_backward(spec),
         bias=spec.bias,
+        softcap=spec.softcap,
     )
 
 

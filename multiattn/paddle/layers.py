@@ -31,6 +31,8 @@ __all__ = [
     "GroupQueryAttention",
     "GroupedQueryAttention",
     "LayerNormalization",
+    "MixtureOfExperts",
+    "MoEConfig",
     "MultiHeadAttention",
     "PaddleLayer",
     "PositionEmbedding",
@@ -51,6 +53,8 @@ RMSNormalization = twin(_keras.RMSNormalization)
 PositionalEncoding = twin(_keras.PositionalEncoding)
 PositionEmbedding = twin(_keras.PositionEmbedding)
 FeedForward = twin(_keras.FeedForward)
+MoEConfig = _keras.MoEConfig  # a plain dataclass: the same on Keras
+MixtureOfExperts = twin(_keras.MixtureOfExperts)
 MultiHeadAttention = twin(_keras.MultiHeadAttention)
 GroupedQueryAttention = twin(_keras.GroupedQueryAttention)
 GroupQueryAttention = GroupedQueryAttention

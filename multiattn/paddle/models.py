@@ -2,7 +2,9 @@
 
 * `BertModel` and `BertSentenceEncoder` (`multiattn.models.bert`), `ViTModel`
   (`multiattn.models.vit`), `CausalLM` (`multiattn.models.causal_lm`: GPT-2, Llama,
-  Qwen2, Mistral, with ``generate``), `T5ForConditionalGeneration` (`multiattn.models.t5`);
+  Qwen2, Mistral and the other decoder families, with ``generate``),
+  `T5ForConditionalGeneration` (`multiattn.models.t5`), `BartForConditionalGeneration`
+  (`multiattn.models.bart`);
   their ``generate`` is `multiattn.decoding`'s, through its eager strategy
   (`multiattn.decoding.EagerLoop`: a Python loop over the eager step, on Paddle);
 * `from_checkpoint`: a sentence-transformers BERT folder as a `BertSentenceEncoder` (what
@@ -15,6 +17,7 @@ parameters are Paddle parameters (see `multiattn.paddle.layers`).
 
 from __future__ import annotations
 
+from ..models import bart as _bart
 from ..models import bert as _bert
 from ..models import causal_lm as _causal_lm
 from ..models import t5 as _t5
@@ -23,6 +26,8 @@ from . import layers as _layers  # noqa: F401  (the layer twins first: the model
 from ._twin import definition, twin
 
 __all__ = [
+    "BartConfig",
+    "BartForConditionalGeneration",
     "BertModel",
     "BertSentenceEncoder",
     "CausalLM",
@@ -43,5 +48,7 @@ T5Attention = twin(_t5.T5Attention)
 T5Block = twin(_t5.T5Block)
 T5ForConditionalGeneration = twin(_t5.T5ForConditionalGeneration)
 T5Config = _t5.T5Config  # a plain dataclass: the same on Keras
+BartForConditionalGeneration = twin(_bart.BartForConditionalGeneration)
+BartConfig = _bart.BartConfig  # a plain dataclass: the same on Keras
 from_checkpoint = definition(_bert.from_checkpoint)
 set_bert_weights = definition(_bert.set_bert_weights)

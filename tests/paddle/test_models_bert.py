@@ -65,7 +65,7 @@ def test_bad_arguments():
         ValueError, match=r"`attention_mask` must have the shape of the ids \(2, 3\)"
     ):
         encoder(ids, ids[:, :2])
-    with pytest.raises(TypeError, match="`attention_mask` must be a bool, integer.*dtype <U1"):
+    with pytest.raises(TypeError, match=r"`attention_mask` must be a bool, integer.*dtype <U1"):
         encoder(ids, np.full((2, 3), "1"))
     long = np.ones((1, SIZES["max_positions"] + 1), np.int32)
     with pytest.raises(ValueError, match="max_positions"):
