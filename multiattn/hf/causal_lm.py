@@ -288,7 +288,10 @@ _LLAMA_FIXED = {"hidden_act": ("silu",), "attention_bias": (False,), "mlp_bias":
 _LLAMA_INERT = frozenset({"attention_dropout"})
 
 
-def _llama_like(model_type: str, architecture: str, sizes, keys=(), fixed=None, inert=()):
+def _llama_like(model_type: str, architecture: str, sizes, keys=(), fixed=None, inert=(),
+                entries=llama_entries):  # fmt: skip
+    """A family over Llama's reader keys, buffers and (by default) tensor table: ``keys``,
+    ``inert`` add to Llama's; ``fixed`` replaces Llama's (default: Llama's own)."""
     return Family(
         model_type=model_type,
         architecture=architecture,
@@ -297,7 +300,7 @@ def _llama_like(model_type: str, architecture: str, sizes, keys=(), fixed=None, 
         layer=_LAYER,
         read_sizes=sizes,
         keys=_LLAMA_KEYS + tuple(keys),
-        entries=llama_entries,
+        entries=entries,
         fixed=fixed if fixed is not None else _LLAMA_FIXED,
         inert=_LLAMA_INERT | frozenset(inert),
         buffers=_llama_buffers,

@@ -22,16 +22,11 @@ from __future__ import annotations
 from typing import Any
 
 from ._common import Entry, Family, _int, _positive
-from .causal_lm import _INPUTS, _LAYER, _bool, _llama_buffers, _llama_sizes, _rope, llama_entries
+from .causal_lm import _ROPE_KEYS, _bool, _llama_like, _llama_sizes, _rope, llama_entries
 
 __all__ = ["GEMMA", "GEMMA2", "GEMMA3_TEXT", "GEMMA_FAMILIES"]
 
 _KINDS = ("sliding_attention", "full_attention")
-_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
-_SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-              "num_attention_heads", "num_key_value_heads", "head_dim",
-              "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
-              "attention_bias")  # fmt: skip
 # transformers 5 writes `use_bidirectional_attention: null` (Gemma, Gemma 2) or false.
 _CAUSAL = {"use_bidirectional_attention": (None, False)}
 
@@ -161,20 +156,11 @@ def gemma_entries(s: dict, pooler: bool = False) -> list[Entry]:
     return moved
 
 
-def _gemma_family(model_type, architecture, sizes, keys=(), fixed=None, inert=()) -> Family:
-    return Family(
-        model_type=model_type,
-        architecture=architecture,
-        prefix="",
-        inputs=_INPUTS,
-        layer=_LAYER,
-        read_sizes=sizes,
-        keys=_SIZE_KEYS + _ROPE_KEYS + tuple(keys),
-        entries=gemma_entries,
-        fixed={**_CAUSAL, **(fixed or {})},
-        inert=frozenset({"attention_dropout", *inert}),
-        buffers=_llama_buffers,
-    )
+def _gemma_family(model_type, architecture, sizes, keys=(), fixed=None) -> Family:
+    """Llama's family (`_llama_like`) with Gemma's tensor table, ``attention_bias`` read,
+    and causal attention required."""
+    return _llama_like(model_type, architecture, sizes, keys=("attention_bias", *keys),
+                       fixed={**_CAUSAL, **(fixed or {})}, entries=gemma_entries)  # fmt: skip
 
 
 _GEMMA2_KEYS = ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
