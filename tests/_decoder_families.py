@@ -1,5 +1,5 @@
-"""The cases of the decoder-only families of issue 49 (Qwen3, Gemma, Gemma 2, Gemma 3
-text), shared by tests/backend/test_decoder_families.py and
+"""The cases of the decoder-only families of issues 49 (Qwen3, Gemma, Gemma 2, Gemma 3
+text) and 50 (GPT-NeoX, Phi, Phi-3, OPT), shared by tests/backend/test_decoder_families.py and
 tests/paddle/test_decoder_families.py: tiny transformers configs (hidden 32, 2 layers
 unless a layer pattern needs more, vocab 64) and transformers' float64 logits."""
 
@@ -11,6 +11,15 @@ VOCAB, CONTEXT = 64, 40
 SIZES = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
          "max_position_embeddings": CONTEXT}  # fmt: skip
+_TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None}
+_NEOX = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "intermediate_size": 48, "max_position_embeddings": CONTEXT,
+         **_TOKENS}  # fmt: skip
+_PHI = {**SIZES, **_TOKENS}
+_PHI3 = {**SIZES, **_TOKENS}
+_OPT = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "ffn_dim": 48, "max_position_embeddings": CONTEXT,
+        **_TOKENS}  # fmt: skip
 CONFIGS = {
     # head_dim 16 != hidden / heads, grouped-query attention, untied head
     "qwen3": ("Qwen3", {**SIZES, "head_dim": 16}),
@@ -34,6 +43,33 @@ CONFIGS = {
                               "query_pre_attn_scalar": 8, "rope_theta": 5000.0,
                               "rope_local_base_freq": 50.0,
                               "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    # issue 50. GPT-NeoX: parallel residual on two norms, rotary on half of each head,
+    # per-head fused QKV with biases, untied head
+    "gpt_neox": ("GPTNeoX", {**_NEOX, "rotary_pct": 0.5}),
+    # sequential residual, no attention biases, whole-head rotary, tied head, base 500
+    "gpt_neox-sequential": ("GPTNeoX", {**_NEOX, "use_parallel_residual": False,
+                                        "attention_bias": False, "rotary_pct": 1.0,
+                                        "rotary_emb_base": 500.0,
+                                        "tie_word_embeddings": True}),
+    # Phi: one shared norm, partial rotary (0.5), grouped kv heads, head bias, untied
+    "phi": ("Phi", {**_PHI, "num_key_value_heads": 2}),
+    # whole-head rotary with linear scaling, tied head (its bias stays)
+    "phi-tied": ("Phi", {**_PHI, "partial_rotary_factor": 1.0, "tie_word_embeddings": True,
+                         "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    # Phi-3: fused qkv_proj (grouped kv heads) and gate_up_proj, untied head
+    "phi3": ("Phi3", {**_PHI3, "num_key_value_heads": 2}),
+    # a sliding window of 4, rotary on half of each head, tied head
+    "phi3-window": ("Phi3", {**_PHI3, "sliding_window": 4, "partial_rotary_factor": 0.5,
+                             "tie_word_embeddings": True}),
+    # OPT: learned positions from row 2, pre-norm with a final norm, tied head
+    "opt": ("OPT", _OPT),
+    # OPT-350m's layout: post-norm without a final norm, 16-wide word embeddings projected
+    # in and out, untied head
+    "opt-postnorm-projected": ("OPT", {**_OPT, "do_layer_norm_before": False,
+                                       "word_embed_proj_dim": 16,
+                                       "tie_word_embeddings": False}),
+    # no biases anywhere, the final norm removed
+    "opt-nobias": ("OPT", {**_OPT, "enable_bias": False, "_remove_final_layer_norm": True}),
 }  # fmt: skip
 #: float32 logits against transformers in float64 (max |diff| / max |want|).
 TOL = 1e-5

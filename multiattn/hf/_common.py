@@ -60,7 +60,11 @@ class Entry:
     (HF ``(H*D, E)`` <-> ``(E, H, D)``), ``heads_bias`` (``(H*D,)`` <-> ``(H, D)``),
     ``heads_out`` (HF ``(E, H*D)`` <-> ``(H, D, E)``), ``patch`` (a convolution kernel
     ``(E, C, p, q)`` <-> ``(C*p*q, E)``), ``squeeze`` (the leading unit axis dropped),
-    ``rows_heads`` (a kernel stored ``(in, out)``, HF ``(H*D, E)`` <-> ``(H, D, E)``).
+    ``rows_heads`` (a kernel stored ``(in, out)``, HF ``(H*D, E)`` <-> ``(H, D, E)``),
+    ``grouped_qkv`` (a fused query/key/value projection whose HF rows, or bias, come in
+    ``heads`` groups of ``group`` query heads, one key head and one value head, each
+    ``D`` wide: GPT-NeoX's per-head ``(H, 3, D)``) <-> the neutral fused kernel ``(E, (H
+    + 2 H_kv) D)`` (or bias) of the query heads, then the keys, then the values.
     """
 
     hf: str
@@ -68,6 +72,7 @@ class Entry:
     name: str
     kind: str = "same"
     heads: int = 1
+    group: int = 1  # ``grouped_qkv``: query heads per group
 
     def to_neutral(self, a: np.ndarray) -> np.ndarray:
         h, k = self.heads, self.kind
@@ -85,10 +90,27 @@ class Entry:
             a = a.reshape(a.shape[1:])
         elif k == "rows_heads":
             a = a.reshape(h, -1, a.shape[1])
+        elif k == "grouped_qkv":
+            g = a.reshape(h, self.group + 2, -1, *a.shape[1:])
+            parts = (g[:, : self.group], g[:, self.group], g[:, self.group + 1])
+            a = np.concatenate([p.reshape(-1, *a.shape[1:]) for p in parts]).T
         return np.ascontiguousarray(a)
+
+    def _grouped_to_hf(self, a: np.ndarray) -> np.ndarray:
+        """The inverse of ``grouped_qkv``'s `to_neutral`."""
+        a = a.T
+        h, m = self.heads, self.group
+        width = a.shape[0] // (h * (m + 2))  # D
+        q, k, v = np.split(a, [h * m * width, h * (m + 1) * width])
+        rest = a.shape[1:]
+        groups = [q.reshape(h, m, width, *rest), k.reshape(h, 1, width, *rest),
+                  v.reshape(h, 1, width, *rest)]  # fmt: skip
+        return np.ascontiguousarray(np.concatenate(groups, axis=1).reshape(self.shape))
 
     def to_hf(self, a: np.ndarray) -> np.ndarray:
         k = self.kind
+        if k == "grouped_qkv":
+            return self._grouped_to_hf(a)
         if k in ("linear", "heads_in", "heads_out", "patch"):
             # every neutral kernel flattens to (in, out) in HF's feature order
             rows = a.shape[0] if k != "heads_out" else a.shape[0] * a.shape[1]

@@ -190,6 +190,32 @@ def _rope(raw: dict, where: str) -> tuple[float, dict | None]:
     return theta, scaling
 
 
+def partial_rope(raw: dict, where: str, head_dim: int, legacy: str = "", default: float = 1.0,
+                 ) -> dict:  # fmt: skip
+    """The rotary sizes of a family that may rotate only part of each head: ``rope_theta``,
+    ``rope_scaling`` (`_rope`) and ``rotary_dim`` (``int(head_dim * factor)``, None for
+    the whole head), the factor read from ``rope_parameters.partial_rotary_factor``
+    (transformers 5) or the config's top-level key ``legacy`` (earlier:
+    ``partial_rotary_factor``, GPT-NeoX's ``rotary_pct``), else ``default`` (the
+    family's: GPT-NeoX 0.25, Phi 0.5)."""
+    params = raw.get("rope_parameters")
+    rest = {k: v for k, v in raw.items() if k != "rope_parameters"}
+    factor = float(default)
+    if legacy and legacy in raw:
+        factor = _positive(raw, legacy, where)
+    if isinstance(params, dict) and "partial_rotary_factor" in params:
+        factor = _positive(params, "partial_rotary_factor", where)
+        params = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
+    if params is not None:
+        rest["rope_parameters"] = params
+    if factor > 1:
+        raise ValueError(f"{where}: `partial_rotary_factor` must be at most 1; received {factor}.")
+    theta, scaling = _rope(rest, where)
+    dim = int(head_dim * factor)
+    return {"rope_theta": theta, "rope_scaling": scaling,
+            "rotary_dim": None if dim == head_dim else dim}  # fmt: skip
+
+
 def _llama_sizes(raw: dict, where: str) -> dict:
     e, h = _int(raw, "hidden_size", where), _int(raw, "num_attention_heads", where)
     kv = _int(raw, "num_key_value_heads", where, h)

@@ -28,7 +28,10 @@ from .causal_lm import CAUSAL_LM_FAMILIES
 from .encoders import BERT, ENCODER_FAMILIES, _encoder_sizes, _layer_entries
 from .encoders import bert_entries as bert_entries
 from .gemma import GEMMA_FAMILIES
+from .gpt_neox import GPT_NEOX
 from .moe import MOE_FAMILIES
+from .opt import OPT
+from .phi import PHI_FAMILIES
 from .t5 import T5
 
 __all__ = ["FAMILIES", "Entry", "Family", "family_of", "from_hf", "to_hf"]
@@ -138,6 +141,9 @@ FAMILIES: dict[str, Family] = {
         *CAUSAL_LM_FAMILIES,
         *GEMMA_FAMILIES,
         *MOE_FAMILIES,
+        GPT_NEOX,
+        *PHI_FAMILIES,
+        OPT,
         T5,
         BART,
     )

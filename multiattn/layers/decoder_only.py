@@ -97,6 +97,12 @@ class DecoderBlockConfig:
             the blocks left dense), the sublayer ``ffn`` then a `MixtureOfExperts` with
             the block's ``activation``. Needs ``gated=True`` and ``ffn_bias=False``.
             None (default): the dense network.
+        parallel_residual: the attention and the feed-forward network read the block's
+            input side by side and both add to it, ``y = x + (self_attention(norm_1(x))
+            + ffn(norm_2(x)))`` (GPT-NeoX, Phi); needs ``norm_first=True`` and no
+            ``post_norms``. Default False: one after the other.
+        shared_norm: with ``parallel_residual``, both branches read ``norm_1(x)`` and
+            the block has no ``norm_2`` (Phi's one ``input_layernorm``). Default False.
     """
 
     d_model: int
@@ -125,6 +131,8 @@ class DecoderBlockConfig:
     query_scale: float | None = None
     attention_softcap: float | None = None
     moe: MoEConfig | None = None
+    parallel_residual: bool = False
+    shared_norm: bool = False
 
     def __post_init__(self) -> None:
         where = "DecoderBlockConfig"
@@ -141,10 +149,10 @@ class DecoderBlockConfig:
         if self.norm not in NORMS:
             raise ValueError(f"{where}: `norm` must be one of {NORMS}; received {self.norm!r}.")
         for name in ("norm_first", "gated", "attention_bias", "output_bias", "ffn_bias",
-                     "qk_norm", "norm_offset", "post_norms"):  # fmt: skip
+                     "qk_norm", "norm_offset", "post_norms", "parallel_residual",
+                     "shared_norm"):  # fmt: skip
             check_bool(where, name, getattr(self, name))
-        if self.post_norms and not self.norm_first:
-            raise ValueError(f"{where}: `post_norms` needs norm_first=True (pre-norm blocks).")
+        self._check_layout(where)
         for name in ("query_scale", "attention_softcap"):
             value = getattr(self, name)
             if value is not None:
@@ -192,6 +200,19 @@ class DecoderBlockConfig:
             "qk_norm_epsilon": self.epsilon, "qk_norm_offset": self.norm_offset,
             "score_scale": self.query_scale, "score_softcap": self.attention_softcap,
         }  # fmt: skip
+
+    def _check_layout(self, where: str) -> None:
+        """``post_norms`` and ``parallel_residual`` need pre-norm blocks and exclude each
+        other; ``shared_norm`` needs ``parallel_residual``."""
+        if self.post_norms and not self.norm_first:
+            raise ValueError(f"{where}: `post_norms` needs norm_first=True (pre-norm blocks).")
+        if self.parallel_residual and (not self.norm_first or self.post_norms):
+            raise ValueError(
+                f"{where}: `parallel_residual` needs norm_first=True and post_norms=False; "
+                f"received norm_first={self.norm_first!r}, post_norms={self.post_norms!r}."
+            )
+        if self.shared_norm and not self.parallel_residual:
+            raise ValueError(f"{where}: `shared_norm` needs parallel_residual=True.")
 
     def _check_moe(self, where: str) -> None:
         """``moe`` as a `MoEConfig` (a dict of its fields is converted); its experts are
@@ -279,6 +300,12 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
 
         h = x + dropout_1(self_attention(norm_1(x), causal))
         y = h + dropout_2(ffn(norm_2(h)))
+
+    With ``parallel_residual`` (GPT-NeoX, Phi) the branches read the same input::
+
+        y = x + (dropout_1(self_attention(norm_1(x), causal)) + dropout_2(ffn(norm_2(x))))
+
+    (with ``shared_norm``, Phi's, ``norm_1`` in both places and no ``norm_2``).
 
     With ``post_norms`` (Gemma 2 and 3) the two branches are normalised once more before
     their residual additions: ``h = x + dropout_1(post_norm_1(self_attention(norm_1(x),
@@ -400,7 +427,7 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
             )
         )
         self.norm_1 = make_norm(config, "norm_1", dtype)
-        self.norm_2 = make_norm(config, "norm_2", dtype)
+        self.norm_2 = None if config.shared_norm else make_norm(config, "norm_2", dtype)
         self.post_norm_1 = self.post_norm_2 = None
         if config.post_norms:
             self.post_norm_1 = make_norm(config, "post_norm_1", dtype)
@@ -422,7 +449,8 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
         shape = tuple(x_shape)
         self.self_attention.build(shape, shape)
         self.norm_1.build(shape)
-        self.norm_2.build(shape)
+        if self.norm_2 is not None:
+            self.norm_2.build(shape)
         self.ffn.build(shape)
         if self.post_norm_1 is not None:
             self.post_norm_1.build(shape)
@@ -471,7 +499,12 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
         def post(layer, h):
             return h if layer is None else run(layer, h)
 
-        if self.norm_first:
+        if self.parallel_residual:
+            h = run(self.norm_1, x)
+            a = drop(self.dropout_1, attend(h))
+            f = run(self.ffn, h if self.norm_2 is None else run(self.norm_2, x))
+            y = x + (a + drop(self.dropout_2, f))
+        elif self.norm_first:
             h = x + drop(self.dropout_1, post(self.post_norm_1, attend(run(self.norm_1, x))))
             f = post(self.post_norm_2, run(self.ffn, run(self.norm_2, h)))
             y = h + drop(self.dropout_2, f)

@@ -49,7 +49,8 @@ __all__ = ["CausalLM", "CausalLMConfig"]
 # The model's own fields among the flat sizes of `multiattn.hf.causal_lm`; the other keys
 # are the blocks' (`DecoderBlockConfig`), four of them under Hugging Face names.
 _MODEL_KEYS = ("vocab_size", "num_layers", "max_positions", "learned_positions", "tied",
-               "fused_qkv", "embed_scale", "logit_softcap")  # fmt: skip
+               "fused_qkv", "fused_gate_up", "embed_scale", "logit_softcap", "head_bias",
+               "position_offset", "final_norm", "embed_projection")  # fmt: skip
 _BLOCK_NAMES = {"hidden_size": "d_model", "intermediate_size": "dff",
                 "rope_theta": "rotary_base", "rope_scaling": "rotary_scaling"}  # fmt: skip
 
@@ -70,8 +71,13 @@ class CausalLMConfig:
             (GPT-2); False (default): positions only inside the blocks (rotary).
         tied: the output projection is the word embedding matrix.
         fused_qkv: the neutral weights hold one ``layer_<i>/qkv`` projection (GPT-2's
-            ``c_attn``) instead of separate query, key and value kernels; the model is
-            the same.
+            ``c_attn``, Phi-3's ``qkv_proj``): kernel ``(hidden_size, (H + 2 H_kv) D)``,
+            the query heads' columns, then the keys', then the values' (and a bias of
+            that width where the block has biases), instead of separate query, key and
+            value kernels; the model is the same.
+        fused_gate_up: likewise one ``layer_<i>/ffn/gate_up`` kernel ``(hidden_size, 2 *
+            intermediate_size)``, the gate's columns then the up projection's (Phi-3's
+            ``gate_up_proj``).
         embed_scale: the token embeddings are multiplied by this positive float (Gemma:
             ``sqrt(hidden_size)``), rounded to float32 first and then to the compute
             dtype, as transformers' float32 buffer is; None (default): not scaled.
@@ -83,6 +89,18 @@ class CausalLMConfig:
             ``{"sliding_window": 4096}`` / ``{}``, Gemma 3's per-layer ``rotary_base``);
             each is checked as a `DecoderBlockConfig` here. None (default): every block
             is ``block``. See `block_of`.
+        head_bias: the output projection has a bias ``(vocab_size,)`` (Phi). Default
+            False.
+        position_offset: rows of the learned position table before position 0: the
+            token at position ``p`` takes row ``p + position_offset`` of a table of
+            ``max_positions + position_offset`` rows (OPT: 2). Default 0.
+        final_norm: a normalisation after the last block (default True; False for
+            post-norm models such as OPT-350m, whose blocks end in one).
+        embed_projection: the word embeddings' width when it differs from
+            ``hidden_size`` (OPT's ``word_embed_proj_dim``): the embedded tokens are
+            projected to ``hidden_size`` (``project_in``, no bias) before the blocks
+            and back (``project_out``) before the output projection, which then maps
+            this width to the vocabulary. None (default): no projections.
     """
 
     vocab_size: int
@@ -95,13 +113,27 @@ class CausalLMConfig:
     embed_scale: float | None = None
     logit_softcap: float | None = None
     layer_overrides: tuple[dict, ...] | None = None
+    fused_gate_up: bool = False
+    head_bias: bool = False
+    position_offset: int = 0
+    final_norm: bool = True
+    embed_projection: int | None = None
 
     def __post_init__(self) -> None:
         where = "CausalLMConfig"
         for name in ("vocab_size", "num_layers", "max_positions"):
             object.__setattr__(self, name, check_positive_int(where, name, getattr(self, name)))
-        for name in ("learned_positions", "tied", "fused_qkv"):
+        for name in ("learned_positions", "tied", "fused_qkv", "fused_gate_up", "head_bias",
+                     "final_norm"):  # fmt: skip
             check_bool(where, name, getattr(self, name))
+        offset = self.position_offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(
+                f"{where}: `position_offset` must be a non-negative int; received {offset!r}."
+            )
+        object.__setattr__(self, "embed_projection",
+                           check_positive_int(where, "embed_projection", self.embed_projection,
+                                              True))  # fmt: skip
         object.__setattr__(self, "block", block_config(where, self.block, {}))
         for name in ("embed_scale", "logit_softcap"):
             if getattr(self, name) is not None:
@@ -141,7 +173,7 @@ class CausalLMConfig:
         block = {_BLOCK_NAMES.get(k, k): v for k, v in sizes.items()
                  if k not in _MODEL_KEYS and k != "layers"}  # fmt: skip
         rotary = None if model.get("learned_positions") else sizes.get("max_positions")
-        block.update(rate=0.0, norm_first=True, rotary_max_length=rotary)
+        block.update(rate=0.0, norm_first=block.get("norm_first", True), rotary_max_length=rotary)
         if sizes.get("layers") is not None:  # per-layer sizes, the same names
             model["layer_overrides"] = tuple(
                 {_BLOCK_NAMES.get(k, k): v for k, v in layer.items()} for layer in sizes["layers"]
@@ -197,7 +229,9 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
             )
             for i in range(config.num_layers)
         ]
-        self.final_norm = make_norm(config.block, "final_norm", self.dtype_policy)
+        self.final_norm = (
+            make_norm(config.block, "final_norm", self.dtype_policy) if config.final_norm else None
+        )
 
     vocab_size = property(lambda self: self.config.vocab_size)
     hidden_size = property(lambda self: self.config.block.d_model)
@@ -207,21 +241,23 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
     learned_positions = property(lambda self: self.config.learned_positions)
     tied = property(lambda self: self.config.tied)
     fused_qkv = property(lambda self: self.config.fused_qkv)
+    embed_width = property(lambda self: self.config.embed_projection or self.hidden_size)
 
     def build(self, input_ids_shape=None):
-        e, v = self.hidden_size, self.vocab_size
-        self.word = self.add_weight(shape=(v, e), initializer="zeros", name="word")
-        self.position = None
-        if self.learned_positions:
-            self.position = self.add_weight(
-                shape=(self.max_positions, e), initializer="zeros", name="position"
-            )
-        self.lm_head = None
-        if not self.tied:
-            self.lm_head = self.add_weight(shape=(e, v), initializer="zeros", name="lm_head")
+        e, v, w, c = self.hidden_size, self.vocab_size, self.embed_width, self.config
+        add = lambda shape, name: self.add_weight(shape=shape, initializer="zeros", name=name)  # noqa: E731
+        self.word = add((v, w), "word")
+        rows = self.max_positions + c.position_offset
+        self.position = add((rows, e), "position") if self.learned_positions else None
+        self.lm_head = None if self.tied else add((w, v), "lm_head")
+        self.lm_head_bias = add((v,), "lm_head_bias") if c.head_bias else None
+        self.project_in = self.project_out = None
+        if c.embed_projection is not None:
+            self.project_in, self.project_out = add((w, e), "project_in"), add((e, w), "project_out")
         for block in self.blocks:
             block.build((None, None, e))
-        self.final_norm.build((None, None, e))
+        if self.final_norm is not None:
+            self.final_norm.build((None, None, e))
 
     # --- the forward pass -------------------------------------------------------------
 
@@ -231,17 +267,24 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         x = ops.cast(ops.take(self.word, ids, axis=0), self.compute_dtype)
         if self.config.embed_scale is not None:  # float32 first, as transformers' buffer
             x = x * ops.cast(float(np.float32(self.config.embed_scale)), self.compute_dtype)
+        if self.project_in is not None:
+            x = get_ops(x).linear(x, ops.cast(self.project_in, x.dtype))
         if self.position is not None:
-            x = x + ops.cast(ops.take(self.position, positions, axis=0), self.compute_dtype)
+            rows = positions + self.config.position_offset
+            x = x + ops.cast(ops.take(self.position, rows, axis=0), self.compute_dtype)
         return x
 
     def _head(self, x) -> dict:
-        x = call_sublayer(self.final_norm, x)
+        if self.final_norm is not None:
+            x = call_sublayer(self.final_norm, x)
         # The namespace's `linear` (one matrix product on torch CPU), not Keras' matmul,
         # whose torch float64 product returns float32.
         ops = get_ops(x)
+        if self.project_out is not None:
+            x = ops.linear(x, ops.cast(self.project_out, x.dtype))
         weight = ops.transpose(self.word) if self.tied else self.lm_head
-        logits = ops.linear(x, ops.cast(weight, x.dtype))
+        bias = None if self.lm_head_bias is None else ops.cast(self.lm_head_bias, x.dtype)
+        logits = ops.linear(x, ops.cast(weight, x.dtype), bias)
         cap = self.config.logit_softcap
         if cap is not None:
             logits = ops.tanh(logits / cap) * cap
@@ -339,7 +382,7 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
 
     def compute_output_shape(self, input_ids_shape, attention_mask_shape=None):
         b, s = input_ids_shape
-        return {"logits": (b, s, self.vocab_size), "last_hidden_state": (b, s, self.hidden_size)}
+        return {"logits": (b, s, self.vocab_size), "last_hidden_state": (b, s, self.embed_width)}
 
     def get_config(self) -> dict:
         return {**super().get_config(), "config": self.config.to_dict()}
@@ -359,7 +402,11 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
             out["embed/position"] = self.position
         if self.lm_head is not None:
             out["lm_head/kernel"] = self.lm_head
-        for v in self.final_norm.weights:
+        if self.lm_head_bias is not None:
+            out["lm_head/bias"] = self.lm_head_bias
+        if self.project_in is not None:
+            out["embed/project_in"], out["project_out/kernel"] = self.project_in, self.project_out
+        for v in self.final_norm.weights if self.final_norm is not None else ():
             out[f"final_norm/{v.path.rsplit('/', 1)[-1]}"] = v
         for i, block in enumerate(self.blocks):
             for v in block.weights:
@@ -368,7 +415,7 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
 
     def set_neutral_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Assign neutral weights (`multiattn.hf.causal_lm` names)."""
-        weights = _split_qkv(self, weights) if self.fused_qkv else weights
+        weights = _split_fused(self, weights) if _fusions(self) else weights
         weights = stack_experts(weights, _experts(self)) if _experts(self) else weights
         for name, variable in self._variables().items():
             assign_weight(name, variable, weights, "CausalLM")
@@ -377,7 +424,7 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         """The neutral weights as NumPy arrays in the variables' dtype."""
         out = {k: np.asarray(keras.ops.convert_to_numpy(v)) for k, v in self._variables().items()}
         out = unstack_experts(out, _experts(self)) if _experts(self) else out
-        return _fuse_qkv(self, out) if self.fused_qkv else out
+        return _fuse(self, out) if _fusions(self) else out
 
 
 def _experts(model: CausalLM) -> dict[str, int]:
@@ -399,40 +446,57 @@ def step_ids(token: Any) -> Any:
     return keras.ops.expand_dims(keras.ops.cast(token, "int32"), 1)
 
 
+def _fusions(model: CausalLM) -> dict[str, list[str]]:
+    """Fused neutral projections -> their parts, in column order (``fused_qkv``,
+    ``fused_gate_up``): ``"layer_<i>/qkv/"`` -> the query, key and value prefixes."""
+    out = {}
+    for i in range(model.num_layers):
+        if model.config.fused_qkv:
+            out[f"layer_{i}/qkv/"] = [f"layer_{i}/self_attention/{p}/" for p in _QKV]
+        if model.config.fused_gate_up:
+            out[f"layer_{i}/ffn/gate_up/"] = [f"layer_{i}/ffn/gate/", f"layer_{i}/ffn/up/"]
+    return out
+
+
 _QKV = ("query", "key", "value")
 
 
-def _split_qkv(model: CausalLM, weights: Mapping) -> Lazy:
-    """``layer_<i>/qkv/{kernel,bias}`` ``(E, 3E)``, ``(3E,)`` -> per-part ``(E, H, D)``,
-    ``(H, D)`` (exact copies), made as each is looked up (``weights`` may be lazy)."""
-    e, h = model.hidden_size, model.num_heads
+def _split_fused(model: CausalLM, weights: Mapping) -> Lazy:
+    """Each fused ``kernel`` ``(E, n)`` (and ``bias`` ``(n,)``) of `_fusions` -> its
+    parts' variables, consecutive column ranges reshaped to the variables' shapes (exact
+    copies), made as each is looked up (``weights`` may be lazy)."""
+    shapes = {k: tuple(v.shape) for k, v in model._variables().items()}
     parts = {}
-    for i in range(model.num_layers):
+    for fused, names in _fusions(model).items():
         for kind in ("kernel", "bias"):
-            if f"layer_{i}/qkv/{kind}" not in weights:
-                raise ValueError(f"CausalLM: `weights` has no 'layer_{i}/qkv/kernel' and bias.")
-            for j, part in enumerate(_QKV):
-                parts[f"layer_{i}/self_attention/{part}/{kind}"] = (f"layer_{i}/qkv/{kind}", j)
+            if names[0] + kind not in shapes:
+                continue
+            if fused + kind not in weights:
+                raise ValueError(f"CausalLM: `weights` has no {fused + kind!r}.")
+            start = 0
+            for name in names:
+                width = int(np.prod(shapes[name + kind][1 if kind == "kernel" else 0:]))
+                parts[name + kind] = (fused + kind, start, start + width)
+                start += width
 
     def make(name: str) -> np.ndarray:
         if name not in parts:
             return weights[name]
-        fused, j = parts[name]
-        value = np.asarray(weights[fused])[..., j * e : (j + 1) * e]
-        return np.ascontiguousarray(value.reshape(*value.shape[:-1], h, -1))
+        fused, start, stop = parts[name]
+        value = np.asarray(weights[fused])[..., start:stop]
+        return np.ascontiguousarray(value.reshape(shapes[name]))
 
-    kept = [k for k in weights if not k.endswith(("/qkv/kernel", "/qkv/bias"))]
-    return Lazy(kept + list(parts), make)
+    used = {fused for fused, _, _ in parts.values()}
+    return Lazy([k for k in weights if k not in used] + list(parts), make)
 
 
-def _fuse_qkv(model: CausalLM, weights: dict) -> dict:
-    """The inverse of `_split_qkv`."""
+def _fuse(model: CausalLM, weights: dict) -> dict:
+    """The inverse of `_split_fused`."""
     out = dict(weights)
-    e = model.hidden_size
-    for i in range(model.num_layers):
-        names = [f"layer_{i}/self_attention/{part}/" for part in _QKV]
-        kernels = [out.pop(n + "kernel").reshape(e, e) for n in names]
-        biases = [out.pop(n + "bias").reshape(e) for n in names]
-        out[f"layer_{i}/qkv/kernel"] = np.concatenate(kernels, axis=1)
-        out[f"layer_{i}/qkv/bias"] = np.concatenate(biases)
+    for fused, names in _fusions(model).items():
+        for kind in ("kernel", "bias"):
+            if names[0] + kind in out:
+                rows = (out[names[0] + kind].shape[0],) if kind == "kernel" else ()
+                values = [out.pop(n + kind).reshape(*rows, -1) for n in names]
+                out[fused + kind] = np.concatenate(values, axis=-1)
     return out

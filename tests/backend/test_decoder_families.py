@@ -1,5 +1,5 @@
-"""The decoder-only families added to `CausalLM` by issue 49 (Qwen3, Gemma, Gemma 2,
-Gemma 3 text) against transformers.
+"""The decoder-only families added to `CausalLM` by issues 49 (Qwen3, Gemma, Gemma 2,
+Gemma 3 text) and 50 (GPT-NeoX, Phi, Phi-3, OPT) against transformers.
 
 One test per case (`_decoder_families.CONFIGS`) loads a tiny random transformers model
 once (built offline, parameters redrawn where greedy tokens are well separated, saved with
@@ -61,6 +61,16 @@ def test_family_logits_tokens_and_saving_match_transformers(tmp_path, case):
         ("qwen3", {"hidden_act": "gelu"}, "hidden_act"),
         ("qwen3", {"attention_bias": 1}, "attention_bias"),
         ("qwen3", {"made_up_option": 1}, "made_up_option"),
+        ("phi", {"qk_layernorm": True}, "qk_layernorm"),
+        ("phi", {"partial_rotary_factor": 1.5}, "partial_rotary_factor"),
+        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4,
+                                      "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+                                      "original_max_position_embeddings": 16}}, "rope"),
+        ("phi3", {"hidden_act": "gelu"}, "hidden_act"),
+        ("gpt_neox", {"hidden_act": "relu"}, "hidden_act"),
+        ("gpt_neox", {"use_parallel_residual": 1}, "use_parallel_residual"),
+        ("opt", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
+        ("opt", {"activation_function": "gelu"}, "activation_function"),
     ],
 )
 def test_unsupported_options_are_refused_by_name(case, changes, match):
