@@ -83,6 +83,16 @@ CASES: dict[str, tuple[str, str, dict]] = {
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=24,
         decoder_ffn_dim=24, max_position_embeddings=CONTEXT, pad_token_id=1,
         bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)),
+    "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=4,
+        intermediate_size=24, max_position_embeddings=CONTEXT, rotary_pct=0.5)),
+    "phi": ("PhiForCausalLM", "PhiConfig", dict(_DECODER)),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(
+        **_DECODER, pad_token_id=None, bos_token_id=1, eos_token_id=2)),
+    "opt": ("OPTForCausalLM", "OPTConfig", dict(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=4,
+        ffn_dim=24, max_position_embeddings=CONTEXT, do_layer_norm_before=False,
+        word_embed_proj_dim=8)),
 }  # fmt: skip
 
 
