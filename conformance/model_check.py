@@ -272,7 +272,10 @@ def _per_prompt(torch: Any, hf: Any, config: dict, inputs: dict, tokens: int) ->
     rows: dict[str, list] = {}
     for row, keep in zip(ids, mask):
         pads = int(np.argmax(keep)) if keep.any() else len(keep)
-        feed = {"input_ids": torch.from_numpy(row[None, pads:])}
+        alone = torch.from_numpy(row[None, pads:])
+        # the mask given: without one, transformers' generate masks every id equal to the
+        # config's pad id (OPT's is 1), real tokens included
+        feed = {"input_ids": alone, "attention_mask": torch.ones_like(alone)}
         with torch.no_grad():
             out = hf(**feed)
             for k, v in out.items():

@@ -126,6 +126,7 @@ def hf_greedy(model, ids, mask, new: int = 20) -> np.ndarray:
     for pads, row in _rows(ids, mask):
         with torch.no_grad():
             got = model.generate(input_ids=torch.tensor(row), do_sample=False,
+                                 attention_mask=torch.ones_like(torch.tensor(row)),
                                  max_new_tokens=new, pad_token_id=0,
                                  eos_token_id=None).numpy()[0]  # fmt: skip
         rows.append(np.concatenate([np.zeros(pads, got.dtype), got]))
