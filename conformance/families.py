@@ -93,6 +93,10 @@ CASES: dict[str, tuple[str, str, dict]] = {
         vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=4,
         ffn_dim=24, max_position_embeddings=CONTEXT, do_layer_norm_before=False,
         word_embed_proj_dim=8)),
+    "falcon": ("FalconForCausalLM", "FalconConfig", dict(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=4,
+        num_kv_heads=2, new_decoder_architecture=True, ffn_hidden_size=24,
+        max_position_embeddings=CONTEXT, bias=True)),
 }  # fmt: skip
 
 

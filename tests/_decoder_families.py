@@ -1,5 +1,5 @@
 """The cases of the decoder-only families of issues 49 (Qwen3, Gemma, Gemma 2, Gemma 3
-text) and 50 (GPT-NeoX, Phi, Phi-3, OPT), shared by tests/backend/test_decoder_families.py and
+text) and 50 (GPT-NeoX, Phi, Phi-3, OPT, Falcon), shared by tests/backend/test_decoder_families.py and
 tests/paddle/test_decoder_families.py: tiny transformers configs (hidden 32, 2 layers
 unless a layer pattern needs more, vocab 64) and transformers' float64 logits."""
 
@@ -20,6 +20,9 @@ _PHI3 = {**SIZES, **_TOKENS}
 _OPT = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
         "num_attention_heads": 4, "ffn_dim": 48, "max_position_embeddings": CONTEXT,
         **_TOKENS}  # fmt: skip
+_FALCON = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "ffn_hidden_size": 48,
+           "max_position_embeddings": CONTEXT, **_TOKENS}  # fmt: skip
 CONFIGS = {
     # head_dim 16 != hidden / heads, grouped-query attention, untied head
     "qwen3": ("Qwen3", {**SIZES, "head_dim": 16}),
@@ -70,6 +73,14 @@ CONFIGS = {
                                        "tie_word_embeddings": False}),
     # no biases anywhere, the final norm removed
     "opt-nobias": ("OPT", {**_OPT, "enable_bias": False, "_remove_final_layer_norm": True}),
+    # Falcon-7B's layout: one key/value head, parallel branches on one norm, tied head
+    "falcon": ("Falcon", _FALCON),
+    # Falcon-40B's: grouped kv heads (2 of 4), parallel on two norms, every bias, untied
+    "falcon-new": ("Falcon", {**_FALCON, "new_decoder_architecture": True, "num_kv_heads": 2,
+                              "bias": True, "tie_word_embeddings": False}),
+    # the first layout, a kv head per query head, sequential blocks, base 500
+    "falcon-sequential": ("Falcon", {**_FALCON, "multi_query": False, "parallel_attn": False,
+                                     "rope_theta": 500.0}),
 }  # fmt: skip
 #: float32 logits against transformers in float64 (max |diff| / max |want|).
 TOL = 1e-5

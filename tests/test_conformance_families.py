@@ -16,7 +16,7 @@ from multiattn.conformance import families
 def test_shipped_family_cases_are_intact_small_and_complete():
     assert families.verify() == []
     size = sum(p.stat().st_size for p in families.DIRECTORY.rglob("*") if p.is_file())
-    assert size < 1024 * 1024  # 19 cases of about 40 KiB
+    assert size < 1024 * 1024  # 23 cases of about 25 KiB
     masked_lm = {"roberta", "xlm-roberta", "distilbert", "albert"}
     for name in families.CASES:
         inputs, outputs = families.load_expected(families.DIRECTORY / name)

@@ -27,6 +27,7 @@ from .bart import BART
 from .causal_lm import CAUSAL_LM_FAMILIES
 from .encoders import BERT, ENCODER_FAMILIES, _encoder_sizes, _layer_entries
 from .encoders import bert_entries as bert_entries
+from .falcon import FALCON
 from .gemma import GEMMA_FAMILIES
 from .gpt_neox import GPT_NEOX
 from .moe import MOE_FAMILIES
@@ -144,6 +145,7 @@ FAMILIES: dict[str, Family] = {
         GPT_NEOX,
         *PHI_FAMILIES,
         OPT,
+        FALCON,
         T5,
         BART,
     )

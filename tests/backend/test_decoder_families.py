@@ -1,5 +1,5 @@
 """The decoder-only families added to `CausalLM` by issues 49 (Qwen3, Gemma, Gemma 2,
-Gemma 3 text) and 50 (GPT-NeoX, Phi, Phi-3, OPT) against transformers.
+Gemma 3 text) and 50 (GPT-NeoX, Phi, Phi-3, OPT, Falcon) against transformers.
 
 One test per case (`_decoder_families.CONFIGS`) loads a tiny random transformers model
 once (built offline, parameters redrawn where greedy tokens are well separated, saved with
@@ -72,6 +72,9 @@ def test_family_logits_tokens_and_saving_match_transformers(tmp_path, case):
         ("gpt_neox", {"use_parallel_residual": 1}, "use_parallel_residual"),
         ("opt", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
         ("opt", {"activation_function": "gelu"}, "activation_function"),
+        ("falcon", {"alibi": True}, "alibi"),
+        ("falcon", {"num_ln_in_parallel_attn": 3}, "num_ln_in_parallel_attn"),
+        ("falcon-sequential", {"num_kv_heads": 2}, "num_kv_heads"),
     ],
 )
 def test_unsupported_options_are_refused_by_name(case, changes, match):

@@ -1,5 +1,5 @@
 """The decoder-only families of issues 49 (Qwen3, Gemma, Gemma 2, Gemma 3 text) and 50
-(GPT-NeoX, Phi, Phi-3, OPT) on Paddle:
+(GPT-NeoX, Phi, Phi-3, OPT, Falcon) on Paddle:
 ``from_pretrained(path, framework="paddle")`` builds the twin of `CausalLM`; float32
 logits of a left-padded batch against transformers in float64, greedy tokens against
 transformers' ``generate``, and ``save_pretrained`` read back by transformers bit for
