@@ -97,6 +97,7 @@ CASES: dict[str, tuple[str, str, dict]] = {
         vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=4,
         num_kv_heads=2, new_decoder_architecture=True, ffn_hidden_size=24,
         max_position_embeddings=CONTEXT, bias=True)),
+    "electra": ("ElectraForPreTraining", "ElectraConfig", dict(**_ENCODER, embedding_size=8)),
 }  # fmt: skip
 
 

@@ -1,5 +1,5 @@
 """Shared by tests/backend/test_encoder_families.py and tests/paddle/test_encoder_families.py:
-tiny BERT, RoBERTa, XLM-RoBERTa, DistilBERT and ALBERT models (every config option
+tiny BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT and ELECTRA models (every config option
 multiattn implements set away from its default somewhere), a padded batch of two, the
 float64 reference and the checks of a saved folder."""
 
@@ -33,7 +33,23 @@ CASES = {
                 "num_hidden_groups": 2, "inner_group_num": 2, "hidden_act": "gelu_new",
                 "type_vocab_size": 3},
                {**_SIZES, "embedding_size": 40, "hidden_act": "gelu", "num_hidden_layers": 3}),
+    # the generator: 16-wide embeddings projected; the base model: embeddings as wide as
+    # the blocks (no projection)
+    "electra": ("ElectraConfig", "ElectraForMaskedLM", "ElectraModel",
+                {**_SIZES, "embedding_size": 16, "layer_norm_eps": 1e-7},
+                {**_SIZES, "embedding_size": 32, "type_vocab_size": 3}),
 }  # fmt: skip
+#: families whose base model has no pooler
+NO_POOLER = ("distilbert", "electra")
+
+
+def make_discriminator():
+    """``() -> ElectraForPreTraining``: the discriminator head (one logit per token) on
+    24-wide embeddings projected to the blocks' 32."""
+    import transformers
+
+    config = transformers.ElectraConfig(**{**_SIZES, "embedding_size": 24})
+    return lambda: transformers.ElectraForPreTraining(config)
 
 
 def make(family: str, masked_lm: bool):
@@ -102,9 +118,9 @@ def check_saved(src: Path, out: Path, architecture: str) -> None:
         assert written[name].dtype == value.dtype, name
         assert written[name].tobytes() == value.tobytes(), name
     assert json.loads((out / "config.json").read_text())["architectures"] == [architecture]
-    auto = transformers.AutoModelForMaskedLM if "ForMaskedLM" in architecture else (
-        transformers.AutoModel)  # fmt: skip
-    back, info = auto.from_pretrained(out, output_loading_info=True)
+    back, info = getattr(transformers, architecture).from_pretrained(
+        out, output_loading_info=True
+    )
     assert type(back).__name__ == architecture
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     state = back.state_dict()

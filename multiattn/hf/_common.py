@@ -162,15 +162,21 @@ class Family:
     # ``(sizes, side files, where) -> sizes``: what the family's decoding reads from the
     # folder's side files (``generation_config.json``); by default nothing.
     read_generation: Callable[[dict, dict, str], dict] = lambda sizes, side, where: sizes
-    # The transformers ``*ForMaskedLM`` class of an encoder family ("" for none): a config
-    # whose ``architectures`` names it has ``sizes["masked_lm"]`` (`masked_lm_of`), its
-    # entries are the head's checkpoint names (the base model's under ``prefix``, then
-    # the head's), and `save_pretrained` writes it back as that class.
-    masked_lm_architecture: str = ""
+    # The task heads whose checkpoints the family reads: sizes key -> transformers class
+    # (an encoder's ``{"masked_lm": "BertForMaskedLM"}``). A config whose ``architectures``
+    # names such a class has that key true in its sizes; its entries are the head's
+    # checkpoint names (the base model's under ``prefix``, then the head's), and
+    # `save_pretrained` writes it back as that class.
+    heads: dict = field(default_factory=dict)
+
+    def head_of(self, sizes: dict) -> str:
+        """The sizes key of the task head a model of ``sizes`` carries ("" for none)."""
+        return next((key for key in self.heads if sizes.get(key)), "")
 
     def architecture_of(self, sizes: dict) -> str:
         """The transformers class a model of ``sizes`` is written back as."""
-        return self.masked_lm_architecture if sizes.get("masked_lm") else self.architecture
+        head = self.head_of(sizes)
+        return self.heads[head] if head else self.architecture
 
     def check_config(self, raw: dict, where: str) -> dict:
         """The sizes of ``raw`` (a config.json object); refuses what is not implemented."""

@@ -1,5 +1,5 @@
 """The BERT-like encoder families of `multiattn.hf.pretrained`: BERT, RoBERTa,
-XLM-RoBERTa, DistilBERT and ALBERT (config options and tensor tables; imports no
+XLM-RoBERTa, DistilBERT, ALBERT and ELECTRA (config options and tensor tables; imports no
 framework).
 
 All five load into one model, `multiattn.models.bert.BertModel`, described by the sizes
@@ -24,8 +24,8 @@ from typing import Any
 
 from ._common import Entry, Family, _int, _positive
 
-__all__ = ["ALBERT", "BERT", "DISTILBERT", "ENCODER_FAMILIES", "ROBERTA", "XLM_ROBERTA",
-           "bert_entries"]  # fmt: skip
+__all__ = ["ALBERT", "BERT", "DISTILBERT", "ELECTRA", "ENCODER_FAMILIES", "ROBERTA",
+           "XLM_ROBERTA", "bert_entries"]  # fmt: skip
 
 
 def _encoder_sizes(raw: dict, where: str) -> dict[str, Any]:
@@ -167,29 +167,40 @@ def _bert_sizes(raw: dict, where: str, architecture: str = "BertForMaskedLM") ->
     return s
 
 
-def _bert_base(s: dict, pooler: bool) -> list[Entry]:
-    e = s["hidden_size"]
-    out = [
-        Entry("embeddings.word_embeddings.weight", (s["vocab_size"], e), "embeddings/word"),
-        Entry(
-            "embeddings.position_embeddings.weight", (s["max_positions"], e), "embeddings/position"
-        ),
-        Entry(
-            "embeddings.token_type_embeddings.weight",
-            (s["type_vocab_size"], e),
-            "embeddings/token_type",
-        ),
-        Entry("embeddings.LayerNorm.weight", (e,), "embeddings/norm/gamma"),
-        Entry("embeddings.LayerNorm.bias", (e,), "embeddings/norm/beta"),
-    ]
+def _embeddings(s: dict, width: int) -> list[Entry]:
+    """The word, position and token-type embeddings and their LayerNorm, ``width`` wide
+    (ALBERT's and ELECTRA's ``embedding_size``, else ``hidden_size``)."""
+    return [
+        Entry("embeddings.word_embeddings.weight", (s["vocab_size"], width), "embeddings/word"),
+        Entry("embeddings.position_embeddings.weight", (s["max_positions"], width),
+              "embeddings/position"),
+        Entry("embeddings.token_type_embeddings.weight", (s["type_vocab_size"], width),
+              "embeddings/token_type"),
+        Entry("embeddings.LayerNorm.weight", (width,), "embeddings/norm/gamma"),
+        Entry("embeddings.LayerNorm.bias", (width,), "embeddings/norm/beta"),
+    ]  # fmt: skip
+
+
+def _projection(s: dict, name: str) -> list[Entry]:
+    """The embeddings' projection ``embedding_size -> hidden_size`` (HF module ``name``)."""
+    e, w = s["hidden_size"], s["embedding_size"]
+    return [Entry(f"{name}.weight", (e, w), "embeddings/projection/kernel", "linear"),
+            Entry(f"{name}.bias", (e,), "embeddings/projection/bias")]  # fmt: skip
+
+
+def _bert_layers(s: dict) -> list[Entry]:
     names = {
         "self": "attention.self",
         "attn_out": "attention.output.dense",
         "norm_1": "attention.output.LayerNorm",
         "norm_2": "output.LayerNorm",
     }
-    for i in range(s["num_layers"]):
-        out += _layer_entries(s, i, names)
+    return [x for i in range(s["num_layers"]) for x in _layer_entries(s, i, names)]
+
+
+def _bert_base(s: dict, pooler: bool) -> list[Entry]:
+    e = s["hidden_size"]
+    out = _embeddings(s, e) + _bert_layers(s)
     if pooler:
         out += [
             Entry("pooler.dense.weight", (e, e), "pooler/kernel", "linear"),
@@ -217,7 +228,7 @@ BERT = Family(
     entries=bert_entries,
     fixed=_BERT_FIXED,
     buffers=lambda s: _buffers(s, "bert", _position_buffer(s), "cls.predictions.decoder"),
-    masked_lm_architecture="BertForMaskedLM",
+    heads={"masked_lm": "BertForMaskedLM"},
 )
 
 # --- RoBERTa, XLM-RoBERTa -------------------------------------------------------------
@@ -258,7 +269,7 @@ def _roberta(model_type: str, name: str) -> Family:
         entries=_roberta_entries,
         fixed=_BERT_FIXED,
         buffers=lambda s: _buffers(s, "roberta", _position_buffer(s), "lm_head.decoder"),
-        masked_lm_architecture=f"{name}ForMaskedLM",
+        heads={"masked_lm": f"{name}ForMaskedLM"},
     )
 
 
@@ -336,7 +347,7 @@ DISTILBERT = Family(
     entries=_distilbert_entries,
     inert=frozenset({"dropout", "attention_dropout", "qa_dropout", "seq_classif_dropout"}),
     buffers=_distilbert_buffers,
-    masked_lm_architecture="DistilBertForMaskedLM",
+    heads={"masked_lm": "DistilBertForMaskedLM"},
 )
 
 # --- ALBERT ---------------------------------------------------------------------------
@@ -377,19 +388,10 @@ def _albert_entries(s: dict, pooler: bool = True) -> list[Entry]:
     """ALBERT's tensors: ``AlbertModel`` names (``num_groups * group_size`` distinct
     blocks, written once however many layers run them), or ``AlbertForMaskedLM``'s
     (``albert.`` and ``predictions``)."""
-    e, w = s["hidden_size"], s["embedding_size"]
-    base = [
-        Entry("embeddings.word_embeddings.weight", (s["vocab_size"], w), "embeddings/word"),
-        Entry("embeddings.position_embeddings.weight", (s["max_positions"], w),
-              "embeddings/position"),
-        Entry("embeddings.token_type_embeddings.weight", (s["type_vocab_size"], w),
-              "embeddings/token_type"),
-        Entry("embeddings.LayerNorm.weight", (w,), "embeddings/norm/gamma"),
-        Entry("embeddings.LayerNorm.bias", (w,), "embeddings/norm/beta"),
-        Entry("encoder.embedding_hidden_mapping_in.weight", (e, w),
-              "embeddings/projection/kernel", "linear"),
-        Entry("encoder.embedding_hidden_mapping_in.bias", (e,), "embeddings/projection/bias"),
-    ]  # fmt: skip
+    e = s["hidden_size"]
+    base = _embeddings(s, s["embedding_size"]) + _projection(
+        s, "encoder.embedding_hidden_mapping_in"
+    )
     names = {"query": "attention.query", "key": "attention.key", "value": "attention.value",
              "attn_out": "attention.dense", "norm_1": "attention.LayerNorm", "ffn_1": "ffn",
              "ffn_2": "ffn_output", "norm_2": "full_layer_layer_norm"}  # fmt: skip
@@ -418,8 +420,78 @@ ALBERT = Family(
     fixed={"position_embedding_type": ("absolute",)},
     inert=frozenset({"classifier_dropout_prob"}),
     buffers=lambda s: _buffers(s, "albert", _position_buffer(s), "predictions.decoder"),
-    masked_lm_architecture="AlbertForMaskedLM",
+    heads={"masked_lm": "AlbertForMaskedLM"},
+)
+
+# --- ELECTRA --------------------------------------------------------------------------
+
+_ELECTRA_KEYS = (*_BERT_KEYS, "embedding_size")
+
+
+def _electra_sizes(raw: dict, where: str) -> dict:
+    """BERT's sizes, word embeddings of ``embedding_size`` (projected to ``hidden_size``
+    when it differs), no pooler, and a head when ``architectures`` names one: the
+    generator's masked-LM head (``ElectraForMaskedLM``, exact GELU) or the discriminator's
+    (``ElectraForPreTraining``, ``hidden_act``)."""
+    s = _bert_sizes(raw, where, "ElectraForMaskedLM")
+    width = _int(raw, "embedding_size", where, s["hidden_size"])
+    if width != s["hidden_size"]:
+        s["embedding_size"] = width
+    if "ElectraForPreTraining" in (raw.get("architectures") or []):
+        if s.get("masked_lm"):
+            raise ValueError(
+                f"{where}: `architectures` names both ElectraForMaskedLM and "
+                "ElectraForPreTraining; a checkpoint holds one head."
+            )
+        s.update(discriminator=True, head_activation="gelu")
+    return s
+
+
+def _electra_entries(s: dict, pooler: bool = False) -> list[Entry]:
+    """ELECTRA's tensors: ``ElectraModel`` names (BERT's blocks, the embeddings'
+    ``embeddings_project``, no pooler), or a head checkpoint's (``electra.`` and
+    ``generator_predictions`` / ``discriminator_predictions``)."""
+    e = s["hidden_size"]
+    base = _embeddings(s, s.get("embedding_size") or e)
+    if "embedding_size" in s:
+        base += _projection(s, "embeddings_project")
+    base += _bert_layers(s)
+    if s.get("discriminator"):
+        src = "discriminator_predictions."
+        head = [Entry(src + "dense.weight", (e, e), "discriminator/dense/kernel", "linear"),
+                Entry(src + "dense.bias", (e,), "discriminator/dense/bias"),
+                Entry(src + "dense_prediction.weight", (1, e), "discriminator/prediction/kernel",
+                      "linear"),
+                Entry(src + "dense_prediction.bias", (1,), "discriminator/prediction/bias")]  # fmt: skip
+        return [replace(x, hf=f"electra.{x.hf}") for x in base] + head
+    head = _head(s, "generator_predictions.dense", "generator_predictions.LayerNorm",
+                 "generator_lm_head.bias")  # fmt: skip
+    return _with_head(s, "electra", base, head)
+
+
+def _electra_buffers(s: dict) -> dict:
+    if s.get("discriminator"):
+        return {f"electra.{k}": v for k, v in _position_buffer(s).items()}
+    return _buffers(s, "electra", _position_buffer(s), "generator_lm_head")
+
+
+ELECTRA = Family(
+    model_type="electra",
+    architecture="ElectraModel",
+    prefix="electra",
+    inputs=_BERT_INPUTS,
+    layer=_LAYER,
+    read_sizes=_electra_sizes,
+    keys=_ELECTRA_KEYS,
+    entries=_electra_entries,
+    fixed=_BERT_FIXED,
+    # the summary keys configure ElectraForMultipleChoice's head only
+    inert=frozenset(
+        {"summary_type", "summary_use_proj", "summary_activation", "summary_last_dropout"}
+    ),
+    buffers=_electra_buffers,
+    heads={"masked_lm": "ElectraForMaskedLM", "discriminator": "ElectraForPreTraining"},
 )
 
 #: the encoder families besides BERT, for the registry (`multiattn.hf.families.FAMILIES`)
-ENCODER_FAMILIES = (ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT)
+ENCODER_FAMILIES = (ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, ELECTRA)

@@ -140,11 +140,11 @@ def as_tensors(state: Mapping) -> Tensors:
 
 def _base_state(family: Family, sizes: dict, state: Tensors) -> tuple[Tensors, list]:
     """The base model's tensors (a task-head checkpoint's ``<prefix>.`` removed) and the
-    names left out (the task head's tensors). A masked-LM checkpoint (``sizes["masked_lm"]``,
-    `Family.masked_lm_architecture`) keeps its names, the head's included; what lies
+    names left out (the task head's tensors). A checkpoint of one of `Family.heads` (a
+    masked-LM head: ``sizes["masked_lm"]``) keeps its names, the head's included; what lies
     outside the base model and that head (BERT's next-sentence classifier) is left out."""
     prefix = family.prefix + "."
-    if sizes.get("masked_lm"):
+    if family.head_of(sizes):
         head = {e.hf for e in family.entries(sizes, pooler=True)} | set(family.buffers(sizes))
         ignored = sorted(k for k in state if k not in head and not k.startswith(prefix))
         return state.renamed({k: k for k in state if k not in ignored}), ignored

@@ -85,6 +85,13 @@ def opt_entries(s: dict, pooler: bool = False) -> list[Entry]:
     return out + [Entry(x.hf, (v, width), x.name, x.kind) for x in _lm_head(s)]
 
 
+def _buffers(s: dict) -> dict:
+    """A tied head's ``lm_head.weight``, which older checkpoints store."""
+    if not s["tied"]:
+        return {}
+    return {"lm_head.weight": (s["vocab_size"], s["embed_projection"] or s["hidden_size"])}
+
+
 OPT = Family(
     model_type="opt",
     architecture="OPTForCausalLM",
@@ -96,6 +103,5 @@ OPT = Family(
     entries=opt_entries,
     fixed={"activation_function": ("relu",), "layer_norm_elementwise_affine": (True,)},
     inert=frozenset({"dropout", "attention_dropout", "layerdrop", "init_std"}),
-    buffers=lambda s: {"lm_head.weight": (s["vocab_size"], s["embed_projection"] or
-                                          s["hidden_size"])} if s["tied"] else {},  # fmt: skip
+    buffers=_buffers,
 )

@@ -332,6 +332,11 @@ class BertModel(_BertStack):
     (tied: the same variable as ``word``) plus ``mlm_bias`` ``(vocab_size,)``. A pooler
     held with the head (checkpoints that carry one) is kept for saving, not computed.
 
+    With ``discriminator`` (ELECTRA's ``ElectraForPreTraining``: is each token the original
+    or a replacement?), the head ``discriminator_dense`` (``hidden -> hidden``), the
+    activation ``head_activation``, then ``discriminator_prediction`` (``hidden -> 1``):
+    one logit per token. It excludes ``masked_lm``.
+
     Call arguments:
         input_ids: int ``(batch, seq)``, ``seq <= max_positions``.
         attention_mask: int or bool ``(batch, seq)``, default all ones; non-zero / True =
@@ -344,17 +349,23 @@ class BertModel(_BertStack):
     Returns:
         ``{"last_hidden_state": (batch, seq, hidden), "pooler_output": (batch, hidden)}``
         (``pooler_output`` only with ``add_pooling_layer``), in the compute dtype; with
-        ``masked_lm``: ``{"logits": (batch, seq, vocab_size), "last_hidden_state": ...}``.
+        ``masked_lm``: ``{"logits": (batch, seq, vocab_size), "last_hidden_state": ...}``;
+        with ``discriminator``: ``{"logits": (batch, seq), "last_hidden_state": ...}``.
     """
 
     def __init__(self, *args: Any, add_pooling_layer: bool = True, masked_lm: bool = False,
                  head_activation: str = "gelu", head_epsilon: float | None = None,
-                 **kwargs: Any):  # fmt: skip
+                 discriminator: bool = False, **kwargs: Any):  # fmt: skip
         super().__init__(*args, **kwargs)
-        for name, flag in (("add_pooling_layer", add_pooling_layer), ("masked_lm", masked_lm)):
+        flags = (("add_pooling_layer", add_pooling_layer), ("masked_lm", masked_lm),
+                 ("discriminator", discriminator))  # fmt: skip
+        for name, flag in flags:
             if not isinstance(flag, bool):
                 raise TypeError(f"BertModel: `{name}` must be a bool; received {flag!r}.")
+        if masked_lm and discriminator:
+            raise ValueError("BertModel: `masked_lm` and `discriminator` exclude each other.")
         self.add_pooling_layer, self.masked_lm = add_pooling_layer, masked_lm
+        self.discriminator = discriminator
         self.head_activation = check_activation("BertModel", head_activation, "head_activation")
         if head_epsilon is not None and (
             isinstance(head_epsilon, bool) or not isinstance(head_epsilon, (int, float))
@@ -382,6 +393,15 @@ class BertModel(_BertStack):
             self.mlm_norm = LayerNormalization(
                 epsilon=self.head_epsilon or self.epsilon, name="mlm_norm", dtype=dtype
             )
+        self.discriminator_dense = self.discriminator_prediction = None
+        if discriminator:
+            self.discriminator_dense, self.discriminator_prediction = (
+                keras.layers.EinsumDense(
+                    "bte,ef->btf", (None, width), bias_axes="f", name=f"discriminator_{name}",
+                    dtype=dtype, kernel_initializer=keras_default("glorot_uniform"),
+                )
+                for name, width in (("dense", self.hidden_size), ("prediction", 1))
+            )  # fmt: skip
 
     def build(self, input_ids_shape, attention_mask_shape=None, token_type_ids_shape=None):
         super().build(input_ids_shape)
@@ -393,6 +413,9 @@ class BertModel(_BertStack):
             self.mlm_bias = self.add_weight(
                 shape=(self.vocab_size,), initializer="zeros", name="mlm_bias"
             )
+        if self.discriminator:
+            self.discriminator_dense.build((None, None, self.hidden_size))
+            self.discriminator_prediction.build((None, None, self.hidden_size))
 
     def call(self, input_ids, attention_mask=None, token_type_ids=None):
         x, _ = self.token_states(input_ids, attention_mask, token_type_ids, "input_ids")
@@ -401,6 +424,9 @@ class BertModel(_BertStack):
             # the decoder is tied to the word embeddings (vocab, width)
             logits = keras.ops.einsum("btf,vf->btv", h, self.word.embeddings) + self.mlm_bias
             return {"logits": logits, "last_hidden_state": x}
+        if self.discriminator:
+            h = apply_activation(self.discriminator_dense(x), self.head_activation)
+            return {"logits": self.discriminator_prediction(h)[..., 0], "last_hidden_state": x}
         out = {"last_hidden_state": x}
         if self.pooler is not None:
             out["pooler_output"] = pooler_activation("tanh")(self.pooler(x[:, 0]))
@@ -409,11 +435,13 @@ class BertModel(_BertStack):
     def get_config(self) -> dict:
         return {**super().get_config(), "add_pooling_layer": self.add_pooling_layer,
                 "masked_lm": self.masked_lm, "head_activation": self.head_activation,
-                "head_epsilon": self.head_epsilon}  # fmt: skip
+                "head_epsilon": self.head_epsilon,
+                "discriminator": self.discriminator}  # fmt: skip
 
     #: the optional `from_sizes` keys (absent: BERT's value)
     _OPTIONS = ("position_padding_idx", "embedding_size", "num_groups", "group_size",
-                "activation", "masked_lm", "head_activation", "head_epsilon")  # fmt: skip
+                "activation", "masked_lm", "head_activation", "head_epsilon",
+                "discriminator")  # fmt: skip
 
     @classmethod
     def from_sizes(cls, sizes: dict, pooler: bool, dtype: Any = None) -> BertModel:
@@ -497,6 +525,11 @@ def _variables(encoder: _BertStack) -> dict[str, Any]:
         )
         out["mlm/norm/gamma"], out["mlm/norm/beta"] = encoder.mlm_norm.gamma, encoder.mlm_norm.beta
         out["mlm/bias"] = encoder.mlm_bias
+    if getattr(encoder, "discriminator", False):
+        for part in ("dense", "prediction"):
+            layer = getattr(encoder, f"discriminator_{part}")
+            out[f"discriminator/{part}/kernel"] = layer.kernel
+            out[f"discriminator/{part}/bias"] = layer.bias
     return out
 
 

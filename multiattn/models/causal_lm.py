@@ -253,7 +253,10 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
         self.lm_head_bias = add((v,), "lm_head_bias") if c.head_bias else None
         self.project_in = self.project_out = None
         if c.embed_projection is not None:
-            self.project_in, self.project_out = add((w, e), "project_in"), add((e, w), "project_out")
+            self.project_in, self.project_out = (
+                add((w, e), "project_in"),
+                add((e, w), "project_out"),
+            )
         for block in self.blocks:
             block.build((None, None, e))
         if self.final_norm is not None:
@@ -475,7 +478,7 @@ def _split_fused(model: CausalLM, weights: Mapping) -> Lazy:
                 raise ValueError(f"CausalLM: `weights` has no {fused + kind!r}.")
             start = 0
             for name in names:
-                width = int(np.prod(shapes[name + kind][1 if kind == "kernel" else 0:]))
+                width = int(np.prod(shapes[name + kind][1 if kind == "kernel" else 0 :]))
                 parts[name + kind] = (fused + kind, start, start + width)
                 start += width
 

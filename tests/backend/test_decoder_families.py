@@ -62,11 +62,30 @@ def test_family_logits_tokens_and_saving_match_transformers(tmp_path, case):
         ("qwen3", {"attention_bias": 1}, "attention_bias"),
         ("qwen3", {"made_up_option": 1}, "made_up_option"),
         ("phi", {"qk_layernorm": True}, "qk_layernorm"),
-        ("phi", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
-                                     "partial_rotary_factor": 1.5}}, "partial_rotary_factor"),
-        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4,
-                                      "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
-                                      "original_max_position_embeddings": 16}}, "rope"),
+        (
+            "phi",
+            {
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 1e4,
+                    "partial_rotary_factor": 1.5,
+                }
+            },
+            "partial_rotary_factor",
+        ),
+        (
+            "phi3",
+            {
+                "rope_parameters": {
+                    "rope_type": "longrope",
+                    "rope_theta": 1e4,
+                    "short_factor": [1.0] * 4,
+                    "long_factor": [2.0] * 4,
+                    "original_max_position_embeddings": 16,
+                }
+            },
+            "rope",
+        ),
         ("phi3", {"hidden_act": "gelu"}, "hidden_act"),
         ("gpt_neox", {"hidden_act": "relu"}, "hidden_act"),
         ("gpt_neox", {"use_parallel_residual": 1}, "use_parallel_residual"),

@@ -1,6 +1,7 @@
-"""BERT, RoBERTa, XLM-RoBERTa, DistilBERT and ALBERT through `from_pretrained`, against
-transformers run in float64: the masked-LM checkpoint (``*ForMaskedLM``: logits and last
-hidden state) and the base model (``*Model``: last hidden state, pooler) of each family,
+"""BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT and ELECTRA through `from_pretrained`,
+against transformers run in float64: the masked-LM checkpoint (``*ForMaskedLM``: logits and
+last hidden state) and the base model (``*Model``: last hidden state, pooler) of each family
+(and ELECTRA's discriminator, ``ElectraForPreTraining``: a logit per token),
 tiny, with every supported option away from its default in one of the two; each written
 back by `save_pretrained` bit for bit; the config options not implemented refused by name.
 """
@@ -19,7 +20,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from _encoder_families import CASES, batch, check_saved, errors, make, reference  # noqa: E402
+from _encoder_families import (  # noqa: E402
+    CASES,
+    NO_POOLER,
+    batch,
+    check_saved,
+    errors,
+    make,
+    make_discriminator,
+    reference,
+)
 from _hf_models import build  # noqa: E402
 
 from multiattn.hf.families import FAMILIES  # noqa: E402
@@ -42,10 +52,22 @@ def test_masked_lm_and_base_model_match_transformers(tmp_path, family):
         err = errors({k: to_np(v) for k, v in got.items()}, reference(hf, inputs),
                      inputs["attention_mask"])  # fmt: skip
         assert ("logits" in err) == masked_lm and ("pooler_output" in err) == (
-            not masked_lm and family not in ("distilbert",))  # fmt: skip
+            not masked_lm and family not in NO_POOLER)  # fmt: skip
         assert max(err.values()) <= TOL, err
         model.save_pretrained(out)
         check_saved(src, out, type(hf).__name__)
+
+
+def test_electra_discriminator_matches_transformers(tmp_path):
+    hf = build(make_discriminator(), tmp_path / "src")
+    model = from_pretrained(tmp_path / "src")
+    inputs = batch(hf.config)
+    got = {k: to_np(v) for k, v in model(**inputs).items()}
+    assert got["logits"].shape == inputs["input_ids"].shape
+    err = errors(got, reference(hf, inputs), inputs["attention_mask"])
+    assert max(err.values()) <= TOL, err
+    model.save_pretrained(tmp_path / "out")
+    check_saved(tmp_path / "src", tmp_path / "out", "ElectraForPreTraining")
 
 
 def test_albert_blocks_are_shared_not_copied(tmp_path):
@@ -75,6 +97,10 @@ def test_albert_blocks_are_shared_not_copied(tmp_path):
         ("albert", {"hidden_act": "silu"}, "`hidden_act` = 'silu'"),
         ("albert", {"num_hidden_groups": 4}, "`num_hidden_groups`"),
         ("albert", {"position_embedding_type": "relative_key"}, "`position_embedding_type`"),
+        ("electra", {"hidden_act": "relu"}, "`hidden_act`"),
+        ("electra", {"architectures": ["ElectraForMaskedLM", "ElectraForPreTraining"]},
+         "one head"),
+        ("electra", {"position_embedding_type": "relative_key"}, "`position_embedding_type`"),
     ],
 )  # fmt: skip
 def test_unsupported_options_are_refused_by_name(family, change, match):

@@ -1,6 +1,6 @@
 """The encoder families on Paddle (``from_pretrained(path, framework="paddle")``, the
-twin of `multiattn.models.bert.BertModel`): BERT, RoBERTa, XLM-RoBERTa, DistilBERT and
-ALBERT, masked-LM and base checkpoints, against transformers run in float64, written back
+twin of `multiattn.models.bert.BertModel`): BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT
+and ELECTRA, masked-LM and base checkpoints (ELECTRA's discriminator too), against transformers run in float64, written back
 bit for bit (the cases of tests/_encoder_families.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from _encoder_families import CASES, batch, check_saved, errors, make, reference  # noqa: E402
+from _encoder_families import (  # noqa: E402
+    CASES,
+    batch,
+    check_saved,
+    errors,
+    make,
+    make_discriminator,
+    reference,
+)
 from _hf_models import build  # noqa: E402
 
 from multiattn.hf.pretrained import from_pretrained  # noqa: E402
@@ -40,3 +48,15 @@ def test_masked_lm_and_base_model_match_transformers(tmp_path, family):
         assert max(err.values()) <= TOL, err
         model.save_pretrained(out)
         check_saved(src, out, type(hf).__name__)
+
+
+def test_electra_discriminator_matches_transformers(tmp_path):
+    hf = build(make_discriminator(), tmp_path / "src")
+    model = from_pretrained(tmp_path / "src", framework="paddle")
+    inputs = batch(hf.config)
+    got = {k: to_np(v) for k, v in model(**inputs).items()}
+    assert got["logits"].shape == inputs["input_ids"].shape
+    err = errors(got, reference(hf, inputs), inputs["attention_mask"])
+    assert max(err.values()) <= TOL, err
+    model.save_pretrained(tmp_path / "out")
+    check_saved(tmp_path / "src", tmp_path / "out", "ElectraForPreTraining")
