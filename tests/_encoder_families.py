@@ -118,9 +118,7 @@ def check_saved(src: Path, out: Path, architecture: str) -> None:
         assert written[name].dtype == value.dtype, name
         assert written[name].tobytes() == value.tobytes(), name
     assert json.loads((out / "config.json").read_text())["architectures"] == [architecture]
-    back, info = getattr(transformers, architecture).from_pretrained(
-        out, output_loading_info=True
-    )
+    back, info = getattr(transformers, architecture).from_pretrained(out, output_loading_info=True)
     assert type(back).__name__ == architecture
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     state = back.state_dict()
