@@ -424,7 +424,8 @@ def rotary_inverse_frequencies(
     original_max_position_embeddings``: shorter than ``n / high_freq_factor``, the speed
     stays; longer than ``n / low_freq_factor``, it is divided by ``factor``; in between it
     is blended, ``(1 - s) * speed / factor + s * speed`` with ``s = (n / wavelength -
-    low_freq_factor) / (high_freq_factor - low_freq_factor)``.
+    low_freq_factor) / (high_freq_factor - low_freq_factor)``; ``"per_plane"`` divides plane
+    ``i``'s speed by ``factors[i]``.
     """
     kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
     speeds = []
@@ -444,6 +445,8 @@ def rotary_inverse_frequencies(
             else:
                 s = (n / wavelength - low) / (high - low)
                 speed = (1.0 - s) * speed / factor + s * speed
+        elif kind == "per_plane":
+            speed = speed / scaling["factors"][i]
         elif kind not in (None, "default"):
             raise ValueError(f"unknown rope_type {kind!r}")
         speeds.append(speed)
@@ -465,7 +468,8 @@ def rotary_embedding(
     rotated, the rest are copied. Feature pair ``(i, i + R/2)`` (or ``(2i, 2i + 1)`` with
     ``interleaved``) is read as the complex number ``a + 1j * b`` and multiplied by
     ``exp(1j * p * speed_i)`` for the token at position ``p`` (``speed_i`` from
-    `rotary_inverse_frequencies` of ``R``, ``base`` and ``scaling``).
+    `rotary_inverse_frequencies` of ``R``, ``base`` and ``scaling``), and by a
+    ``per_plane`` scaling's ``attention_factor``.
     """
     x = _f64(x)
     r = x.shape[-1] if rotary_dim is None else rotary_dim
@@ -475,6 +479,8 @@ def rotary_embedding(
     positions = np.asarray(positions, dtype=np.float64)
     freqs = rotary_inverse_frequencies(r, base, scaling)
     phase = np.exp(1j * positions[:, None] * freqs[None, :])  # (T, R/2)
+    if scaling is not None and scaling.get("rope_type") == "per_plane":
+        phase = phase * scaling["attention_factor"]
     out = x.copy()
     if interleaved:
         z = (x[..., 0:r:2] + 1j * x[..., 1:r:2]) * phase

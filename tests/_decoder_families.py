@@ -64,6 +64,13 @@ CONFIGS = {
     # a sliding window of 4, rotary on half of each head, tied head
     "phi3-window": ("Phi3", {**_PHI3, "sliding_window": 4, "partial_rotary_factor": 0.5,
                              "tie_word_embeddings": True}),
+    # longrope within its original context of 32: the short factors and the gain
+    # sqrt(1 + ln 2 / ln 32) (max_position_embeddings 64 = 2 x 32)
+    "phi3-longrope": ("Phi3", {**_PHI3, "max_position_embeddings": 64,
+                               "original_max_position_embeddings": 32,
+                               "rope_scaling": {"rope_type": "longrope",
+                                                "short_factor": [1.0, 1.25, 1.5, 2.0],
+                                                "long_factor": [2.0, 3.0, 4.0, 6.0]}}),
     # OPT: learned positions from row 2, pre-norm with a final norm, tied head
     "opt": ("OPT", _OPT),
     # OPT-350m's layout: post-norm without a final norm, 16-wide word embeddings projected

@@ -16,15 +16,15 @@ from multiattn.conformance import families
 def test_shipped_family_cases_are_intact_small_and_complete():
     assert families.verify() == []
     size = sum(p.stat().st_size for p in families.DIRECTORY.rglob("*") if p.is_file())
-    assert size < 1024 * 1024  # 23 cases of about 25 KiB
-    masked_lm = {"roberta", "xlm-roberta", "distilbert", "albert"}
+    assert size < 1024 * 1024  # 24 cases of about 25 KiB
+    heads = {"roberta", "xlm-roberta", "distilbert", "albert", "electra"}  # logits, no tokens
     for name in families.CASES:
         inputs, outputs = families.load_expected(families.DIRECTORY / name)
         assert inputs and all(v.dtype != object for v in (*inputs.values(), *outputs.values()))
         want = {"logits", "generated_ids"} if "input_ids" in inputs else set()
         if name in ("t5", "bart"):
             want.add("encoder_last_hidden_state")
-        elif name in masked_lm:
+        elif name in heads:
             want = {"logits"}
         elif not want or name == "bert":
             want = {"last_hidden_state", "pooler_output"}

@@ -9,11 +9,18 @@ tables; imports no framework). Both load into `multiattn.models.causal_lm.Causal
 * Phi-3 (``phi3``: Phi-3 and Phi-3.5 mini and medium, Phi-4-mini): Llama's blocks with the
   query, key and value projections fused into one ``qkv_proj`` and the gate and up
   projections into one ``gate_up_proj`` (``fused_qkv``, ``fused_gate_up``: the neutral
-  weights keep them fused, the model splits them), an optional sliding window; the
-  ``longrope`` scaling is refused by name.
+  weights keep them fused, the model splits them), an optional sliding window, and the
+  ``longrope`` scaling (Phi-3 128k, Phi-3.5, Phi-4-mini) within the context it was
+  pretrained on: there transformers rotates with the short factors and the tables' gain
+  ``attention_factor`` (the ``per_plane`` scaling of `multiattn.ops.rotary_frequencies`),
+  and the model's context is ``original_max_position_embeddings``; past it transformers
+  switches every position of the call to the long factors, which multiattn does not, so
+  longer inputs are refused (``max_positions``).
 """
 
 from __future__ import annotations
+
+import math
 
 from ._common import Entry, Family, _int, _positive
 from .causal_lm import (
@@ -112,12 +119,57 @@ PHI = Family(
 
 def _phi3_sizes(raw: dict, where: str) -> dict:
     """Llama's sizes (Mistral's sliding window), the two fused projections, and the rotary
-    options of ``rope_parameters`` with its ``partial_rotary_factor`` (default 1)."""
+    options of ``rope_parameters`` with its ``partial_rotary_factor`` (default 1); a
+    longrope scaling as `_longrope` reads it."""
+    raw, longrope = _without_longrope(raw)
     sizes = _mistral_sizes({k: v for k, v in raw.items() if k != "rope_parameters"}, where)
     if raw.get("head_dim") is None:
         sizes["head_dim"] = sizes["hidden_size"] // sizes["num_heads"]
-    return {**sizes, **partial_rope(raw, where, sizes["head_dim"], "partial_rotary_factor"),
-            "fused_qkv": True, "fused_gate_up": True}  # fmt: skip
+    sizes.update(partial_rope(raw, where, sizes["head_dim"], "partial_rotary_factor"))
+    if longrope is not None:
+        planes = (sizes["rotary_dim"] or sizes["head_dim"]) // 2
+        sizes.update(_longrope(raw, longrope, where, sizes["max_positions"], planes))
+    return {**sizes, "fused_qkv": True, "fused_gate_up": True}
+
+
+_LONGROPE = ("longrope", "su")  # "su": its name in Phi-3's first configs
+
+
+def _without_longrope(raw: dict) -> tuple[dict, dict | None]:
+    """``raw`` without its longrope scaling (in ``rope_parameters`` or ``rope_scaling``),
+    and that scaling (None if it has none)."""
+    for key in ("rope_parameters", "rope_scaling"):
+        value = raw.get(key)
+        if isinstance(value, dict) and value.get("rope_type", value.get("type")) in _LONGROPE:
+            kept = {k: v for k, v in value.items() if k in ("rope_theta", "partial_rotary_factor")}
+            return {**raw, key: kept or None}, value
+    return raw, None
+
+
+def _longrope(raw: dict, scaling: dict, where: str, context: int, planes: int) -> dict:
+    """The sizes of a longrope scaling within its original context: the short factors and
+    transformers' gain (``attention_factor``, else ``sqrt(1 + ln(factor) / ln(original))``
+    with ``factor`` given or ``max_position_embeddings / original``, 1 if at most 1), and
+    ``max_positions`` = ``original_max_position_embeddings``."""
+    original = _int(scaling, "original_max_position_embeddings", where,
+                    raw.get("original_max_position_embeddings"))  # fmt: skip
+    for key in ("short_factor", "long_factor"):
+        value = scaling.get(key)
+        if not isinstance(value, list) or len(value) != planes:
+            raise ValueError(
+                f"{where}: `rope_parameters.{key}` must be a list of {planes} numbers (one per "
+                f"rotated plane); received {value!r}."
+            )
+    factor = scaling.get("factor")
+    factor = context / original if factor is None else _positive(scaling, "factor", where)
+    gain = scaling.get("attention_factor")
+    if gain is None:
+        gain = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    else:
+        gain = _positive(scaling, "attention_factor", where)
+    return {"rope_scaling": {"rope_type": "per_plane", "factors": list(scaling["short_factor"]),
+                             "attention_factor": gain},
+            "max_positions": min(context, original)}  # fmt: skip
 
 
 def phi3_entries(s: dict, pooler: bool = False) -> list[Entry]:
@@ -153,7 +205,7 @@ PHI3 = Family(
     keys=(*_LLAMA_KEYS, "sliding_window", "partial_rotary_factor"),
     entries=phi3_entries,
     fixed={"hidden_act": ("silu",)},
-    # `original_max_position_embeddings` acts only with the longrope scaling (refused).
+    # `original_max_position_embeddings` acts only with a longrope scaling (`_longrope`).
     inert=_DROPOUTS | {"original_max_position_embeddings"},
     buffers=_llama_buffers,
 )

@@ -28,7 +28,7 @@ from .._checks import (
 )
 from ..namespaces.keras import get_ops
 from ..ops.masking import check_bias
-from ..ops.rotary import _check_base, check_rotary_dim, check_rotary_scaling
+from ..ops.rotary import _check_base, check_plane_count, check_rotary_dim, check_rotary_scaling
 
 # -- constructor arguments ---------------------------------------------------------------
 
@@ -188,6 +188,7 @@ def check_rotary_args(
     if not isinstance(interleaved, bool):
         raise TypeError(f"{where}: `rotary_interleaved` must be a bool; received {interleaved!r}.")
     scaling = check_rotary_scaling(where, scaling, "rotary_scaling")
+    check_plane_count(where, scaling, dim or key_dim)
     if max_length is not None and dim is None and key_dim % 2:
         raise ValueError(
             f"{where}: rotary position embedding needs an even `key_dim` (or an "

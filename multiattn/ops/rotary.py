@@ -49,6 +49,7 @@ ROTARY_SCALINGS = {
     "default": (),
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "per_plane": ("factors", "attention_factor"),
 }
 
 
@@ -82,7 +83,10 @@ def check_rotary_scaling(where: str, scaling: Any, name: str = "scaling") -> dic
     "factor": f, "low_freq_factor": lo, "high_freq_factor": hi,
     "original_max_position_embeddings": n}`` (the keys of a Hugging Face ``rope_scaling``;
     ``"type"`` is accepted for ``"rope_type"``). Numbers must be finite and positive,
-    ``factor >= 1`` and ``high_freq_factor > low_freq_factor``; unknown types or keys,
+    ``factor >= 1`` and ``high_freq_factor > low_freq_factor``; or ``{"rope_type":
+    "per_plane", "factors": [f_0, ...], "attention_factor": a}`` (one positive divisor per
+    plane, the list's length checked against the rotated width where that is known, and
+    the tables' magnitude: the short factors of Phi-3's longrope). Unknown types or keys,
     and missing keys, raise ``ValueError`` naming ``name``."""
     if scaling is None:
         return None
@@ -110,6 +114,8 @@ def check_rotary_scaling(where: str, scaling: Any, name: str = "scaling") -> dic
         )
     if kind == "default":
         return None
+    if kind == "per_plane":
+        return _per_plane(where, name, items)
     out = {"rope_type": kind}
     for key in needed:
         out[key] = _positive_number(where, name, key, items[key])
@@ -131,6 +137,32 @@ def check_rotary_scaling(where: str, scaling: Any, name: str = "scaling") -> dic
     return out
 
 
+def _per_plane(where: str, name: str, items: dict) -> dict:
+    factors = items["factors"]
+    if not isinstance(factors, (list, tuple)) or not factors:
+        raise ValueError(
+            f"{where}: `{name}['factors']` must be a non-empty list of numbers; received "
+            f"{factors!r}."
+        )
+    return {
+        "rope_type": "per_plane",
+        "factors": [_positive_number(where, name, "factors", f) for f in factors],
+        "attention_factor": _positive_number(where, name, "attention_factor",
+                                             items["attention_factor"]),
+    }  # fmt: skip
+
+
+def check_plane_count(where: str, scaling: dict | None, dim: int, name: str = "rotary_scaling"):
+    """A ``per_plane`` scaling must hold one factor per plane of the ``dim`` rotated
+    features (``ValueError`` naming ``name`` otherwise); other scalings pass."""
+    if scaling is not None and scaling["rope_type"] == "per_plane":
+        if len(scaling["factors"]) != dim // 2:
+            raise ValueError(
+                f"{where}: `{name}['factors']` must hold {dim // 2} factors (one per plane of "
+                f"the {dim} rotated features); received {len(scaling['factors'])}."
+            )
+
+
 def rotary_frequencies(dim: int, base: float = 10000.0, scaling: dict | None = None) -> np.ndarray:
     """The inverse wavelengths ``theta_i`` of the ``dim / 2`` planes, float64 ``(dim/2,)``
     (validated arguments; ``scaling`` as returned by `check_rotary_scaling`; internal).
@@ -142,9 +174,13 @@ def rotary_frequencies(dim: int, base: float = 10000.0, scaling: dict | None = N
     are kept, planes with ``w_i > n / low_freq_factor`` are divided by ``factor``, and
     between the two ``theta_i`` is multiplied by ``(1 - s) / factor + s`` with ``s = (n /
     w_i - low_freq_factor) / (high_freq_factor - low_freq_factor)``, which runs from
-    ``1 / factor`` to 1 across the band.
+    ``1 / factor`` to 1 across the band. ``"per_plane"`` divides ``theta_i`` by
+    ``factors[i]``.
     """
     theta = base ** (-2.0 * np.arange(dim // 2, dtype=np.float64) / dim)
+    if scaling is not None and scaling["rope_type"] == "per_plane":
+        check_plane_count("rotary_frequencies", scaling, dim, "scaling")
+        return theta / np.asarray(scaling["factors"], np.float64)
     kind = None if scaling is None else scaling["rope_type"]
     if kind == "linear":
         return theta / scaling["factor"]
@@ -169,11 +205,14 @@ def rotary_angles(
 
     Entry ``[j, i]`` is for position ``positions[j]`` and plane ``i``, angle
     ``positions[j] * theta_i`` (see `rotary_frequencies`): the rows of `rotary_table` at
-    those positions, bit for bit, computed without the rows before them.
+    those positions, bit for bit, computed without the rows before them. A ``per_plane``
+    scaling's ``attention_factor`` multiplies both tables (every rotated query and key
+    feature is scaled by it).
     """
     theta = rotary_frequencies(dim, base, scaling)
     angles = np.asarray(positions, dtype=np.float64)[:, None] * theta[None, :]
-    return np.cos(angles), np.sin(angles)
+    gain = 1.0 if scaling is None else scaling.get("attention_factor", 1.0)
+    return np.cos(angles) * gain, np.sin(angles) * gain
 
 
 def rotary_table(

@@ -87,6 +87,29 @@ def test_rotary_variants_op_against_oracle(dtype, scaling, rotary_dim, interleav
         np.testing.assert_array_equal(to_np(got)[..., rotary_dim:], x[..., rotary_dim:])
 
 
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize("rotary_dim", [None, 4])
+def test_per_plane_scaling_op_against_oracle(dtype, rotary_dim):
+    """Phi-3's longrope short factors: one divisor per plane and the tables' gain; the
+    same divisor on every plane with gain 1 is the linear scaling."""
+    width = rotary_dim or 8
+    factors = list(1.0 + np.arange(width // 2) * 0.75)
+    scaling = {"rope_type": "per_plane", "factors": factors, "attention_factor": 1.25}
+    x = rounded(RNG.standard_normal((2, 5, 3, 10 if rotary_dim else 8)), dtype)
+    kw = dict(rotary_dim=rotary_dim, scaling=scaling)
+    got = ops.rotary_embedding(cast(x, dtype), offset=40, base=50.0, **kw)
+    want = ref.rotary_embedding(heads_first(x), 40 + np.arange(5), 50.0, **kw)
+    assert_close(got, heads_first(want), dtype)
+    flat = {"rope_type": "per_plane", "factors": [4.0] * (width // 2), "attention_factor": 1.0}
+    assert_close(ops.rotary_embedding(cast(x, dtype), offset=3, rotary_dim=rotary_dim,
+                                      scaling=flat),
+                 to_np(ops.rotary_embedding(cast(x, dtype), offset=3, rotary_dim=rotary_dim,
+                                            scaling=LINEAR)), dtype)  # fmt: skip
+    with pytest.raises(ValueError, match="factors"):
+        layers.MultiHeadAttention(2, width, rotary_max_length=8, rotary_scaling={
+            **scaling, "factors": [*factors, 1.0]})  # fmt: skip
+
+
 @pytest.mark.parametrize("scaling", list(SCALINGS))
 @pytest.mark.parametrize("rotary_dim,interleaved", [(None, True), (6, False), (6, True)])
 def test_rotary_layer_variants_match_the_op_with_tensor_offsets(scaling, rotary_dim, interleaved):

@@ -79,11 +79,16 @@ def test_family_logits_tokens_and_saving_match_transformers(tmp_path, case):
                 "rope_parameters": {
                     "rope_type": "longrope",
                     "rope_theta": 1e4,
-                    "short_factor": [1.0] * 4,
+                    "short_factor": [1.0] * 3,
                     "long_factor": [2.0] * 4,
                     "original_max_position_embeddings": 16,
                 }
             },
+            "short_factor",
+        ),
+        (
+            "phi3",
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
             "rope",
         ),
         ("phi3", {"hidden_act": "gelu"}, "hidden_act"),
@@ -100,3 +105,15 @@ def test_unsupported_options_are_refused_by_name(case, changes, match):
     raw = {**config_of(case).to_dict(), **changes}
     with pytest.raises(ValueError, match=match):
         FAMILIES[raw["model_type"]].check_config(raw, "config.json")
+
+
+def test_phi3_longrope_refuses_inputs_past_its_original_context(tmp_path):
+    """Past ``original_max_position_embeddings`` transformers rotates every position with
+    the long factors: refused rather than computed otherwise."""
+    build(lambda: make("phi3-longrope"), tmp_path / "m")
+    model = from_pretrained(tmp_path / "m", dtype="float32")
+    ids, mask = left_padded_batch(VOCAB)
+    with pytest.raises(ValueError, match="=32"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=30, pad_token_id=0)
+    with pytest.raises(ValueError, match="=32"):
+        model(input_ids=np.ones((1, 33), np.int64))
