@@ -124,3 +124,22 @@ def check_saved(src: Path, out: Path, architecture: str) -> None:
     state = back.state_dict()
     for name, value in stored.items():
         assert torch.equal(state[name], torch.from_numpy(value)), name
+
+
+def check_discriminator(tmp_path: Path, to_np, tol: float, **load) -> None:
+    """ELECTRA's discriminator (`make_discriminator`) through ``from_pretrained(path,
+    **load)``: a logit per token within ``tol`` of transformers in float64, written back
+    bit for bit as ``ElectraForPreTraining``."""
+    from _hf_models import build
+
+    from multiattn.hf.pretrained import from_pretrained
+
+    hf = build(make_discriminator(), tmp_path / "src")
+    model = from_pretrained(tmp_path / "src", **load)
+    inputs = batch(hf.config)
+    got = {k: to_np(v) for k, v in model(**inputs).items()}
+    assert got["logits"].shape == inputs["input_ids"].shape
+    err = errors(got, reference(hf, inputs), inputs["attention_mask"])
+    assert max(err.values()) <= tol, err
+    model.save_pretrained(tmp_path / "out")
+    check_saved(tmp_path / "src", tmp_path / "out", "ElectraForPreTraining")

@@ -267,22 +267,31 @@ def _mistral_sizes(raw: dict, where: str) -> dict:
     return {**_llama_sizes(raw, where), "sliding_window": window}
 
 
+def qkv_entries(s: dict, src: str, dst: str) -> list[Entry]:
+    """Separate query, key and value projections ``src{q,k,v}_proj.weight`` (and ``.bias``
+    with ``s["attention_bias"]``) -> ``dst + "self_attention/<part>/"``: ``num_heads``
+    query heads, ``num_key_value_heads`` key and value heads of ``head_dim``."""
+    e, d = s["hidden_size"], s.get("head_dim") or s["hidden_size"] // s["num_heads"]
+    kv = s.get("num_key_value_heads") or s["num_heads"]
+    out = []
+    for part, hf, n in (("query", "q", s["num_heads"]), ("key", "k", kv), ("value", "v", kv)):
+        name, to = f"{src}{hf}_proj.", f"{dst}self_attention/{part}/"
+        out.append(Entry(name + "weight", (n * d, e), to + "kernel", "heads_in", n))
+        if s["attention_bias"]:
+            out.append(Entry(name + "bias", (n * d,), to + "bias", "heads_bias", n))
+    return out
+
+
 def llama_entries(s: dict, pooler: bool = False) -> list[Entry]:
     """Llama / Qwen2 / Qwen3 / Mistral tensors (``LlamaForCausalLM`` names) for sizes
     ``s``: with ``qk_norm`` also Qwen3's ``q_norm``/``k_norm``, with ``output_bias``
     the ``o_proj`` bias."""
     e, f, d = s["hidden_size"], s["intermediate_size"], s["head_dim"]
-    h, kv = s["num_heads"], s["num_key_value_heads"]
+    h = s["num_heads"]
     out = [Entry("model.embed_tokens.weight", (s["vocab_size"], e), "embed/word")]
     for i in range(s["num_layers"]):
         src, dst = f"model.layers.{i}.", f"layer_{i}/"
-        for part, hf, n in (("query", "q", h), ("key", "k", kv), ("value", "v", kv)):
-            name = f"{src}self_attn.{hf}_proj."
-            out.append(Entry(name + "weight", (n * d, e),
-                             f"{dst}self_attention/{part}/kernel", "heads_in", n))  # fmt: skip
-            if s["attention_bias"]:
-                out.append(Entry(name + "bias", (n * d,),
-                                 f"{dst}self_attention/{part}/bias", "heads_bias", n))  # fmt: skip
+        out += qkv_entries(s, src + "self_attn.", dst)
         if s["output_bias"]:
             out.append(Entry(src + "self_attn.o_proj.bias", (e,),
                              dst + "self_attention/attention_output/bias"))  # fmt: skip

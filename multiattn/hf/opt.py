@@ -12,7 +12,7 @@ head tied to the word embeddings by default.
 from __future__ import annotations
 
 from ._common import Entry, Family, _int
-from .causal_lm import _INPUTS, _LAYER, _base, _bool, _lm_head
+from .causal_lm import _INPUTS, _LAYER, _base, _bool, _lm_head, qkv_entries
 
 __all__ = ["OPT"]
 
@@ -62,13 +62,7 @@ def opt_entries(s: dict, pooler: bool = False) -> list[Entry]:
                 Entry(top + "project_out.weight", (width, e), "project_out/kernel", "linear")]  # fmt: skip
     for i in range(s["num_layers"]):
         src, dst = f"{top}layers.{i}.", f"layer_{i}/"
-        for part, hf in (("query", "q"), ("key", "k"), ("value", "v")):
-            name = f"{src}self_attn.{hf}_proj."
-            out.append(Entry(name + "weight", (e, e), f"{dst}self_attention/{part}/kernel",
-                             "heads_in", h))  # fmt: skip
-            if s["attention_bias"]:
-                out.append(Entry(name + "bias", (e,), f"{dst}self_attention/{part}/bias",
-                                 "heads_bias", h))  # fmt: skip
+        out += qkv_entries(s, src + "self_attn.", dst)
         attn_out = dst + "self_attention/attention_output/"
         out.append(Entry(src + "self_attn.out_proj.weight", (e, e), attn_out + "kernel",
                          "heads_out", h))  # fmt: skip

@@ -34,6 +34,7 @@ from .causal_lm import (
     _mistral_sizes,
     _tied_buffer,
     partial_rope,
+    qkv_entries,
 )
 
 __all__ = ["PHI", "PHI3", "PHI_FAMILIES"]
@@ -72,23 +73,20 @@ def _phi_sizes(raw: dict, where: str) -> dict:
 
 def _pair(src: str, dst: str, shape: tuple, kind: str = "same", heads: int = 1) -> list:
     """A projection's weight and bias (HF ``src.weight``/``src.bias`` -> ``dst/kernel``,
-    ``dst/bias``); the bias's kind follows the kernel's."""
-    bias = {"heads_in": "heads_bias", "linear": "same", "heads_out": "same"}[kind]
-    width = shape[0]
+    ``dst/bias``): a ``linear`` or ``heads_out`` kernel, whose bias ``(out,)`` is kept as
+    it is."""
     return [Entry(src + ".weight", shape, dst + "/kernel", kind, heads),
-            Entry(src + ".bias", (width,), dst + "/bias", bias, heads)]  # fmt: skip
+            Entry(src + ".bias", (shape[0],), dst + "/bias")]  # fmt: skip
 
 
 def phi_entries(s: dict, pooler: bool = False) -> list[Entry]:
     """``PhiForCausalLM``'s tensors for sizes ``s``."""
     e, f, d = s["hidden_size"], s["intermediate_size"], s["head_dim"]
-    h, kv = s["num_heads"], s["num_key_value_heads"]
+    h = s["num_heads"]
     out = [Entry("model.embed_tokens.weight", (s["vocab_size"], e), "embed/word")]
     for i in range(s["num_layers"]):
         src, dst = f"model.layers.{i}.", f"layer_{i}/"
-        for part, hf, n in (("query", "q", h), ("key", "k", kv), ("value", "v", kv)):
-            out += _pair(f"{src}self_attn.{hf}_proj", f"{dst}self_attention/{part}",
-                         (n * d, e), "heads_in", n)  # fmt: skip
+        out += qkv_entries(s, src + "self_attn.", dst)
         out += _pair(src + "self_attn.dense", dst + "self_attention/attention_output",
                      (e, h * d), "heads_out", h)  # fmt: skip
         out += _pair(src + "mlp.fc1", dst + "ffn/up", (f, e), "linear")

@@ -24,10 +24,10 @@ from _encoder_families import (  # noqa: E402
     CASES,
     NO_POOLER,
     batch,
+    check_discriminator,
     check_saved,
     errors,
     make,
-    make_discriminator,
     reference,
 )
 from _hf_models import build  # noqa: E402
@@ -59,15 +59,7 @@ def test_masked_lm_and_base_model_match_transformers(tmp_path, family):
 
 
 def test_electra_discriminator_matches_transformers(tmp_path):
-    hf = build(make_discriminator(), tmp_path / "src")
-    model = from_pretrained(tmp_path / "src")
-    inputs = batch(hf.config)
-    got = {k: to_np(v) for k, v in model(**inputs).items()}
-    assert got["logits"].shape == inputs["input_ids"].shape
-    err = errors(got, reference(hf, inputs), inputs["attention_mask"])
-    assert max(err.values()) <= TOL, err
-    model.save_pretrained(tmp_path / "out")
-    check_saved(tmp_path / "src", tmp_path / "out", "ElectraForPreTraining")
+    check_discriminator(tmp_path, to_np, TOL)
 
 
 def test_albert_blocks_are_shared_not_copied(tmp_path):
