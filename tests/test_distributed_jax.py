@@ -182,7 +182,8 @@ def test_ring_attention_gradients_equal_direct_attention(ring, dtype):
 FAMILY_TOL = 1e-5
 #: family -> whether its key/value cache is split by head (the model axis divides the
 #: key/value heads: Llama's 2 on 4 do not, and are replicated)
-CACHE_SHARDED = {"llama": False, "qwen2": True, "mistral": True, "gpt2": True, "t5": True}
+CACHE_SHARDED = {"llama": False, "qwen2": True, "mistral": True, "gpt2": True, "t5": True,
+                 "phi3": True, "falcon": False}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +191,9 @@ def families():
     return run_worker("jax_models.py", x64=True)
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2", "mistral", "gpt2", "bert", "vit", "t5"])
+@pytest.mark.parametrize(
+    "case", ["llama", "qwen2", "mistral", "gpt2", "phi3", "falcon", "bert", "vit", "t5"]
+)
 def test_families_loaded_sharded_equal_one_device(families, case):
     report = families["families"][case]
     assert report["errors"] and max(report["errors"].values()) <= FAMILY_TOL, report["errors"]

@@ -42,8 +42,8 @@ LLAMA = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
          "max_position_embeddings": CONTEXT}  # fmt: skip
 #: family -> (transformers model, mesh shape (batch, model)); the key/value heads: Llama 2
-#: on a model axis of 4 (replicated), Qwen2 4 of 8 query heads on 4 (sharded), Mistral 2
-#: on 2 (sharded); BERT's vocabulary of 66 does not divide by 4 (split by width)
+#: on a model axis of 4 (replicated), Qwen2 4 of 8 query heads on 4 (sharded), Mistral and
+#: Phi-3 2 on 2 (sharded), Falcon 1 on 4 (replicated); BERT's vocabulary of 66 does not divide by 4 (split by width)
 CASES = {
     "llama": (lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)), (2, 4)),
     "qwen2": (lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
@@ -58,11 +58,19 @@ CASES = {
     "vit": (lambda: transformers.ViTModel(transformers.ViTConfig(
         image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
         num_attention_heads=4, intermediate_size=48)), (2, 4)),
+    # issue 50: Phi-3's fused qkv_proj and gate_up_proj (split before they are placed),
+    # 2 kv heads on 2 (sharded); Falcon-7B's one kv head on 4 (replicated), parallel
+    # branches on one shared norm
+    "phi3": (lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **LLAMA, pad_token_id=None, bos_token_id=1, eos_token_id=2)), (4, 2)),
+    "falcon": (lambda: transformers.FalconForCausalLM(transformers.FalconConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        ffn_hidden_size=48, max_position_embeddings=CONTEXT)), (2, 4)),
     "t5": (lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=VOCAB, d_model=32, d_kv=8, num_heads=4, num_layers=2, d_ff=48,
         decoder_start_token_id=0)), (2, 4)),
 }  # fmt: skip
-CAUSAL = ("llama", "qwen2", "mistral", "gpt2")
+CAUSAL = ("llama", "qwen2", "mistral", "gpt2", "phi3", "falcon")
 
 
 def rel_err(got, want) -> float:
