@@ -30,6 +30,15 @@ MODELS = {
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
         tie_word_embeddings=True)),
+    # issue 50's layouts: fused qkv/gate_up projections; parallel branches on one LayerNorm
+    # with one key/value head
+    "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        pad_token_id=None, bos_token_id=1, eos_token_id=2)),
+    "falcon": lambda: transformers.FalconForCausalLM(transformers.FalconConfig(
+        vocab_size=VOCAB, hidden_size=32, ffn_hidden_size=48, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=32, bos_token_id=1, eos_token_id=2)),
 }  # fmt: skip
 #: the NumPy backend computes a half-precision checkpoint in float32 (stated in
 #: `from_pretrained`); every other Keras backend keeps the dtype
