@@ -38,6 +38,9 @@ COMMON_INERT = frozenset(
         "output_scores", "return_dict_in_generate", "forced_bos_token_id",
         "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
         "suppress_tokens", "begin_suppress_tokens",
+        # the repository's own modelling code, which transformers runs only with
+        # trust_remote_code; multiattn builds the built-in class of `model_type`
+        "auto_map",
     }
 )  # fmt: skip
 # Keys that must hold their default: a different value changes the model.

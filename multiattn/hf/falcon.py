@@ -76,7 +76,8 @@ def _sizes(raw: dict, where: str) -> dict:
         "num_layers": _int(raw, "num_hidden_layers", where), "num_heads": h,
         "num_key_value_heads": kv, "intermediate_size": _int(raw, "ffn_hidden_size", where,
                                                              4 * e),
-        "max_positions": _int(raw, "max_position_embeddings", where),
+        # FalconConfig's default: Falcon-7B's and -40B's configs do not write it
+        "max_positions": _int(raw, "max_position_embeddings", where, 2048),
         "epsilon": _positive(raw, "layer_norm_epsilon", where, 1e-5), "norm": "layer",
         "activation": "gelu", "gated": False, "attention_bias": bias, "output_bias": bias,
         "ffn_bias": bias, "parallel_residual": parallel, "shared_norm": parallel and not two,
@@ -137,7 +138,11 @@ FALCON = Family(
     read_sizes=_sizes,
     keys=_KEYS,
     entries=falcon_entries,
-    fixed={"activation": ("gelu",), "alibi": (False,)},
+    fixed={
+        "activation": ("gelu",),
+        "alibi": (False,),
+        "apply_residual_connection_post_layernorm": (False,),
+    },
     inert=frozenset({"hidden_dropout", "attention_dropout"}),
     buffers=_tied_buffer,
 )

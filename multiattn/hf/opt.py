@@ -96,6 +96,8 @@ OPT = Family(
     keys=_KEYS,
     entries=opt_entries,
     fixed={"activation_function": ("relu",), "layer_norm_elementwise_affine": (True,)},
-    inert=frozenset({"dropout", "attention_dropout", "layerdrop", "init_std"}),
+    inert=frozenset(
+        {"dropout", "attention_dropout", "activation_dropout", "layerdrop", "init_std"}
+    ),
     buffers=_buffers,
 )

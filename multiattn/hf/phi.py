@@ -202,7 +202,8 @@ PHI3 = Family(
     read_sizes=_phi3_sizes,
     keys=(*_LLAMA_KEYS, "sliding_window", "partial_rotary_factor"),
     entries=phi3_entries,
-    fixed={"hidden_act": ("silu",)},
+    # `attention_bias`: written by the checkpoints' own modelling code (false in all)
+    fixed={"hidden_act": ("silu",), "attention_bias": (False,)},
     # `original_max_position_embeddings` acts only with a longrope scaling (`_longrope`).
     inert=_DROPOUTS | {"original_max_position_embeddings"},
     buffers=_llama_buffers,
