@@ -175,12 +175,15 @@ def test_no_folder_no_config_no_weights(tmp_path):
 
 
 def test_unknown_model_type_lists_the_supported(tmp_path):
-    folder = write(tmp_path / "m", config={**BERT_CONFIG, "model_type": "phi3"})
+    folder = write(tmp_path / "m", config={**BERT_CONFIG, "model_type": "deberta-v2"})
     supported = (
-        "albert, bart, bert, distilbert, gemma, gemma2, gemma3_text, gpt2, llama, mistral, "
-        "mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, roberta, t5, vit, xlm-roberta"
+        "albert, bart, bert, distilbert, electra, falcon, gemma, gemma2, gemma3_text, gpt2, "
+        "gpt_neox, llama, mistral, mixtral, opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, "
+        "roberta, t5, vit, xlm-roberta"
     )
-    with pytest.raises(ValueError, match=rf"unsupported model_type 'phi3'; supported: {supported}"):
+    with pytest.raises(
+        ValueError, match=rf"unsupported model_type 'deberta-v2'; supported: {supported}"
+    ):
         read_folder(folder)
 
 
