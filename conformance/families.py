@@ -98,6 +98,9 @@ CASES: dict[str, tuple[str, str, dict]] = {
         num_kv_heads=2, new_decoder_architecture=True, ffn_hidden_size=24,
         max_position_embeddings=CONTEXT, bias=True)),
     "electra": ("ElectraForPreTraining", "ElectraConfig", dict(**_ENCODER, embedding_size=8)),
+    "modernbert": ("ModernBertForMaskedLM", "ModernBertConfig", dict(
+        **{**_ENCODER, "num_hidden_layers": 2}, local_attention=4, global_attn_every_n_layers=2,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)),
 }  # fmt: skip
 
 

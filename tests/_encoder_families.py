@@ -1,5 +1,5 @@
 """Shared by tests/backend/test_encoder_families.py and tests/paddle/test_encoder_families.py:
-tiny BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT and ELECTRA models (every config option
+tiny BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, ELECTRA and ModernBERT models (every config option
 multiattn implements set away from its default somewhere), a padded batch of two, the
 float64 reference and the checks of a saved folder."""
 
@@ -13,6 +13,9 @@ VOCAB, CONTEXT = 64, 24
 _SIZES = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
           "num_attention_heads": 4, "intermediate_size": 48,
           "max_position_embeddings": CONTEXT}  # fmt: skip
+# ModernBERT's token ids default to 50281..50283: inside the tiny vocabulary here
+_MODERN = {**_SIZES, "num_hidden_layers": 3, "pad_token_id": 0, "bos_token_id": 1,
+           "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2}  # fmt: skip
 _DISTIL = {"vocab_size": VOCAB, "dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 48,
            "max_position_embeddings": CONTEXT}  # fmt: skip
 
@@ -38,9 +41,23 @@ CASES = {
     "electra": ("ElectraConfig", "ElectraForMaskedLM", "ElectraModel",
                 {**_SIZES, "embedding_size": 16, "layer_norm_eps": 1e-7},
                 {**_SIZES, "embedding_size": 32, "type_vocab_size": 3}),
+    # the masked LM: windows of 2 tokens on either side on layer 1 of 3 (every 2nd layer
+    # global, from 0), every bias, the head's tanh GELU, no decoder bias; the base model:
+    # the layer kinds listed, windows of 3, own rotary bases, the tanh GELU in the blocks
+    "modernbert": ("ModernBertConfig", "ModernBertForMaskedLM", "ModernBertModel",
+                   {**_MODERN, "local_attention": 4, "global_attn_every_n_layers": 2,
+                    "norm_bias": True, "attention_bias": True, "mlp_bias": True,
+                    "classifier_bias": True, "classifier_activation": "gelu_new",
+                    "decoder_bias": False, "norm_eps": 1e-6},
+                   {**_MODERN, "local_attention": 6, "hidden_activation": "gelu_pytorch_tanh",
+                    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                    "rope_parameters": {"full_attention": {"rope_type": "default",
+                                                           "rope_theta": 500.0},
+                                        "sliding_attention": {"rope_type": "default",
+                                                              "rope_theta": 40.0}}}),
 }  # fmt: skip
 #: families whose base model has no pooler
-NO_POOLER = ("distilbert", "electra")
+NO_POOLER = ("distilbert", "electra", "modernbert")
 
 
 def make_discriminator():
@@ -77,14 +94,18 @@ def batch(hf_config) -> dict[str, np.ndarray]:
 
 
 def reference(hf, inputs: dict) -> dict[str, np.ndarray]:
-    """transformers' outputs (the float64 model): ``logits`` and the last hidden state of
-    a masked-LM model, ``last_hidden_state`` (and ``pooler_output``) of a base model."""
+    """transformers' outputs (the float64 model): ``logits`` and the base model's last
+    hidden state of a masked-LM model, ``last_hidden_state`` (and ``pooler_output``) of a
+    base model. (ModernBERT's ``hidden_states[-1]`` precedes its final norm; its base
+    model's ``last_hidden_state`` follows it, as the other families' do.)"""
     import torch
 
+    feed = {k: torch.tensor(v) for k, v in inputs.items()}
     with torch.no_grad():
-        out = hf(**{k: torch.tensor(v) for k, v in inputs.items()}, output_hidden_states=True)
-    if "logits" in out:
-        return {"logits": out.logits.numpy(), "last_hidden_state": out.hidden_states[-1].numpy()}
+        out = hf(**feed)
+        if "logits" in out:
+            base = hf.base_model(**feed).last_hidden_state
+            return {"logits": out.logits.numpy(), "last_hidden_state": base.numpy()}
     return {k: out[k].numpy() for k in ("last_hidden_state", "pooler_output") if k in out}
 
 

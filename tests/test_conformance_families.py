@@ -16,8 +16,9 @@ from multiattn.conformance import families
 def test_shipped_family_cases_are_intact_small_and_complete():
     assert families.verify() == []
     size = sum(p.stat().st_size for p in families.DIRECTORY.rglob("*") if p.is_file())
-    assert size < 1024 * 1024  # 24 cases of about 25 KiB
-    heads = {"roberta", "xlm-roberta", "distilbert", "albert", "electra"}  # logits, no tokens
+    assert size < 1024 * 1024  # 26 cases of about 25 KiB
+    # logits, no tokens
+    heads = {"roberta", "xlm-roberta", "distilbert", "albert", "electra", "modernbert"}
     for name in families.CASES:
         inputs, outputs = families.load_expected(families.DIRECTORY / name)
         assert inputs and all(v.dtype != object for v in (*inputs.values(), *outputs.values()))

@@ -1,7 +1,7 @@
-"""The config.json files of the published checkpoints of issue 50's decoder families, as
-they stand on the Hugging Face hub (the keys and values of EleutherAI/pythia-160m,
-microsoft/phi-2, microsoft/Phi-3-mini-128k-instruct, tiiuae/falcon-7b and facebook/opt-350m,
-written before transformers 5; sizes kept), are read with the options they mean, and the
+"""The config.json files of the published checkpoints of issue 50's families, as they stand
+on the Hugging Face hub (the keys and values of EleutherAI/pythia-160m, microsoft/phi-2,
+microsoft/Phi-3-mini-128k-instruct, tiiuae/falcon-7b, facebook/opt-350m and
+answerdotai/ModernBERT-base, written before transformers 5; sizes kept), are read with the options they mean, and the
 keys that would change the model are refused by name. Config-only: no framework, no
 tensor."""
 
@@ -135,6 +135,49 @@ OPT_350M = {
 }  # fmt: skip
 
 
+MODERNBERT_BASE = {
+    "architectures": ["ModernBertForMaskedLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 50281,
+    "classifier_activation": "gelu",
+    "classifier_bias": False,
+    "classifier_dropout": 0.0,
+    "classifier_pooling": "mean",
+    "cls_token_id": 50281,
+    "decoder_bias": True,
+    "deterministic_flash_attn": False,
+    "embedding_dropout": 0.0,
+    "eos_token_id": 50282,
+    "global_attn_every_n_layers": 3,
+    "global_rope_theta": 160000.0,
+    "gradient_checkpointing": False,
+    "hidden_activation": "gelu",
+    "hidden_size": 768,
+    "initializer_cutoff_factor": 2.0,
+    "initializer_range": 0.02,
+    "intermediate_size": 1152,
+    "layer_norm_eps": 1e-05,
+    "local_attention": 128,
+    "local_rope_theta": 10000.0,
+    "max_position_embeddings": 8192,
+    "mlp_bias": False,
+    "mlp_dropout": 0.0,
+    "model_type": "modernbert",
+    "norm_bias": False,
+    "norm_eps": 1e-05,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 22,
+    "pad_token_id": 50283,
+    "position_embedding_type": "absolute",
+    "sep_token_id": 50282,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+    "transformers_version": "4.47.0.dev0",
+    "vocab_size": 50368,
+}
+
+
 def _sizes(raw: dict) -> dict:
     return FAMILIES[raw["model_type"]].check_config(raw, "config.json")
 
@@ -173,6 +216,19 @@ def test_opt_350m_is_post_norm_without_a_final_norm_and_projects_its_embeddings(
     assert s["embed_projection"] == 512 and s["position_offset"] == 2 and s["tied"]
 
 
+def test_modernbert_base_alternates_one_global_layer_in_three_with_local_windows():
+    s = _sizes(MODERNBERT_BASE)
+    layers = s["layers"]
+    assert len(layers) == 22 and layers[0] == {"attention_norm": False}
+    local = {"sliding_window": 65, "rope_theta": 10000.0, "rope_scaling": None}
+    assert [layer.get("sliding_window") for layer in layers] == [
+        None if i % 3 == 0 else 65 for i in range(22)
+    ]
+    assert layers[1] == local and layers[3] == {}
+    assert s["rope_theta"] == 160000.0 and s["masked_lm"] and s["decoder_bias"]
+    assert not s["norm_bias"] and not s["attention_bias"] and s["gated"]
+
+
 @pytest.mark.parametrize(
     ("raw", "change", "match"),
     [
@@ -184,6 +240,8 @@ def test_opt_350m_is_post_norm_without_a_final_norm_and_projects_its_embeddings(
          "apply_residual_connection_post_layernorm"),
         (FALCON_7B, {"alibi": True}, "alibi"),
         (OPT_350M, {"activation_function": "gelu"}, "activation_function"),
+        (MODERNBERT_BASE, {"hidden_activation": "gelu_fast"}, "hidden_activation"),
+        (MODERNBERT_BASE, {"global_attn_every_n_layers": 0}, "global_attn_every_n_layers"),
     ],
 )  # fmt: skip
 def test_options_that_change_the_model_are_refused_by_name(raw, change, match):

@@ -364,6 +364,22 @@ def test_the_mapping_threshold_is_glibcs_largest():
 
 
 @pytest.mark.parametrize(
+    ("backend", "device", "rows", "want"),
+    [
+        ("tensorflow", "cpu", 1, True),  # a batch-1 decoding step compiled by XLA
+        ("tensorflow", "cpu", 8, False),
+        ("tensorflow", "cpu", None, False),  # a size unknown
+        ("tensorflow", None, 1, False),  # TensorFlow's own graph or eager
+        ("tensorflow", "gpu", 1, False),  # an accelerator: never a CPU's choice
+        ("jax", "cpu", 1, False),
+        ("torch", None, 1, False),
+    ],
+)
+def test_joined_projections_only_for_one_row_under_xla_on_a_cpu(backend, device, rows, want):
+    assert plan_module.joins_projections(backend, device, rows) is want
+
+
+@pytest.mark.parametrize(
     ("sizes", "dtype", "device", "want"),
     [
         # (batch, heads, queries, keys): scores of batch * heads * queries * keys * 4 bytes

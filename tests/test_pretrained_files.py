@@ -178,8 +178,8 @@ def test_unknown_model_type_lists_the_supported(tmp_path):
     folder = write(tmp_path / "m", config={**BERT_CONFIG, "model_type": "deberta-v2"})
     supported = (
         "albert, bart, bert, distilbert, electra, falcon, gemma, gemma2, gemma3_text, gpt2, "
-        "gpt_neox, llama, mistral, mixtral, opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, "
-        "roberta, t5, vit, xlm-roberta"
+        "gpt_neox, llama, mistral, mixtral, modernbert, opt, phi, phi3, qwen2, qwen2_moe, qwen3, "
+        "qwen3_moe, roberta, t5, vit, xlm-roberta"
     )
     with pytest.raises(
         ValueError, match=rf"unsupported model_type 'deberta-v2'; supported: {supported}"

@@ -30,6 +30,7 @@ from .encoders import bert_entries as bert_entries
 from .falcon import FALCON
 from .gemma import GEMMA_FAMILIES
 from .gpt_neox import GPT_NEOX
+from .modernbert import MODERNBERT
 from .moe import MOE_FAMILIES
 from .opt import OPT
 from .phi import PHI_FAMILIES
@@ -146,6 +147,7 @@ FAMILIES: dict[str, Family] = {
         *PHI_FAMILIES,
         OPT,
         FALCON,
+        MODERNBERT,
         T5,
         BART,
     )

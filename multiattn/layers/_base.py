@@ -135,6 +135,28 @@ def call_sublayer(layer: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
     return layer(x, *args, **kwargs)
 
 
+def joined_linear(ops: Any, x: Any, kernels: list, biases: list) -> list:
+    """``[ops.linear(x, k, b) for k, b in zip(kernels, biases)]`` as one product: the
+    kernels ``(E, ...)`` flattened and joined along their output columns (the biases
+    likewise; all given or all None), the product's columns then split and shaped back.
+    ``x`` ``(..., E)`` with static sizes. The numbers are the separate products' up to
+    the rounding of the product's blocking."""
+    width = shape_of(kernels[0])[0]
+    flat = [ops.reshape(k, (width, -1)) for k in kernels]
+    bias = None
+    if biases[0] is not None:
+        bias = ops.concatenate([ops.reshape(b, (-1,)) for b in biases], axis=0)
+    y = ops.linear(x, ops.concatenate(flat, axis=1), bias)
+    lead = list(shape_of(y)[:-1])
+    outs, start = [], 0
+    for kernel, f in zip(kernels, flat):
+        n = shape_of(f)[1]
+        part = ops.slice(y, [*([0] * len(lead)), start], [*lead, n])
+        outs.append(ops.reshape(part, tuple(lead) + tuple(shape_of(kernel)[1:])))
+        start += n
+    return outs
+
+
 def plain_dense(dense: Any, dtype: str) -> bool:
     """Whether `project` may read ``dense`` (a Keras ``Dense``/``EinsumDense``) as a
     kernel and a bias: a float sublayer, not quantized, without LoRA or an activity

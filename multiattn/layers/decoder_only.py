@@ -103,6 +103,15 @@ class DecoderBlockConfig:
             ``post_norms``. Default False: one after the other.
         shared_norm: with ``parallel_residual``, both branches read ``norm_1(x)`` and
             the block has no ``norm_2`` (Phi's one ``input_layernorm``). Default False.
+        causal: True (default): each position attends to itself and the positions
+            before it (a decoder). False: to every position of the sequence, in both
+            directions (an encoder block: ModernBERT); ``sliding_window`` is then the
+            symmetric band ``|i - j| < sliding_window``, and the block has no KV cache.
+        norm_bias: the LayerNorms have an offset ``beta`` (default True); False: scale
+            only (ModernBERT's ``norm_bias: false``). Needs ``norm="layer"`` when False.
+        attention_norm: the attention reads ``norm_1(x)`` (default True); False: the
+            block has no ``norm_1`` and the attention reads ``x`` itself (ModernBERT's
+            first block). Needs ``norm_first=True`` and no ``parallel_residual``.
     """
 
     d_model: int
@@ -133,6 +142,9 @@ class DecoderBlockConfig:
     moe: MoEConfig | None = None
     parallel_residual: bool = False
     shared_norm: bool = False
+    causal: bool = True
+    norm_bias: bool = True
+    attention_norm: bool = True
 
     def __post_init__(self) -> None:
         where = "DecoderBlockConfig"
@@ -150,7 +162,7 @@ class DecoderBlockConfig:
             raise ValueError(f"{where}: `norm` must be one of {NORMS}; received {self.norm!r}.")
         for name in ("norm_first", "gated", "attention_bias", "output_bias", "ffn_bias",
                      "qk_norm", "norm_offset", "post_norms", "parallel_residual",
-                     "shared_norm"):  # fmt: skip
+                     "shared_norm", "causal", "norm_bias", "attention_norm"):  # fmt: skip
             check_bool(where, name, getattr(self, name))
         self._check_layout(where)
         for name in ("query_scale", "attention_softcap"):
@@ -213,6 +225,17 @@ class DecoderBlockConfig:
             )
         if self.shared_norm and not self.parallel_residual:
             raise ValueError(f"{where}: `shared_norm` needs parallel_residual=True.")
+        if not self.attention_norm and (not self.norm_first or self.parallel_residual):
+            raise ValueError(
+                f"{where}: `attention_norm=False` needs norm_first=True and "
+                f"parallel_residual=False; received norm_first={self.norm_first!r}, "
+                f"parallel_residual={self.parallel_residual!r}."
+            )
+        if not self.norm_bias and self.norm != "layer":
+            raise ValueError(
+                f"{where}: `norm_bias=False` needs norm='layer' (RMSNorm has no offset); "
+                f"received norm={self.norm!r}."
+            )
 
     def _check_moe(self, where: str) -> None:
         """``moe`` as a `MoEConfig` (a dict of its fields is converted); its experts are
@@ -253,13 +276,48 @@ def check_float_option(where: str, name: str, value: Any) -> float:
     return float(value)
 
 
+def check_overrides(
+    where: str, block: DecoderBlockConfig, overrides: Any, num_layers: int
+) -> tuple[dict, ...] | None:
+    """A model's ``layer_overrides`` checked: None, or a tuple (or list) of ``num_layers``
+    dicts of `DecoderBlockConfig` fields, each valid over ``block``; returned as a tuple
+    of dicts."""
+    if overrides is None:
+        return None
+    if not isinstance(overrides, (tuple, list)) or len(overrides) != num_layers:
+        raise ValueError(
+            f"{where}: `layer_overrides` must be a tuple of num_layers={num_layers} "
+            f"dicts; received {overrides!r}."
+        )
+    for i, override in enumerate(overrides):
+        if not isinstance(override, dict):
+            raise ValueError(
+                f"{where}: `layer_overrides[{i}]` must be a dict of DecoderBlockConfig "
+                f"fields; received {override!r}."
+            )
+        block_config(f"{where}: `layer_overrides[{i}]`", block, dict(override))
+    return tuple(dict(o) for o in overrides)
+
+
+def override_of(
+    block: DecoderBlockConfig, overrides: tuple[dict, ...] | None, index: int
+) -> DecoderBlockConfig:
+    """Block ``index``'s options: ``block`` with ``overrides[index]`` (checked by
+    `check_overrides`) replaced."""
+    if overrides is None or not overrides[index]:
+        return block
+    return block_config("layer_overrides", block, overrides[index])
+
+
 def make_norm(config: DecoderBlockConfig, name: str, dtype: Any = None) -> Any:
     """One normalisation of a block (or a model's final one) as ``config`` describes
     it: `LayerNormalization` (``norm="layer"``) or `RMSNormalization` (``"rms"``, with
     ``norm_offset`` as its ``unit_offset``), epsilon ``config.epsilon``. A module
     function, not a method of the config, so that a Paddle twin's call makes the twins."""
     if config.norm == "layer":
-        return LayerNormalization(epsilon=config.epsilon, name=name, dtype=dtype)
+        return LayerNormalization(
+            epsilon=config.epsilon, center=config.norm_bias, name=name, dtype=dtype
+        )
     return RMSNormalization(
         epsilon=config.epsilon, unit_offset=config.norm_offset, name=name, dtype=dtype
     )
@@ -426,7 +484,7 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
                 **sublayer_initializers(self),
             )
         )
-        self.norm_1 = make_norm(config, "norm_1", dtype)
+        self.norm_1 = make_norm(config, "norm_1", dtype) if config.attention_norm else None
         self.norm_2 = None if config.shared_norm else make_norm(config, "norm_2", dtype)
         self.post_norm_1 = self.post_norm_2 = None
         if config.post_norms:
@@ -448,7 +506,8 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
             )
         shape = tuple(x_shape)
         self.self_attention.build(shape, shape)
-        self.norm_1.build(shape)
+        if self.norm_1 is not None:
+            self.norm_1.build(shape)
         if self.norm_2 is not None:
             self.norm_2.build(shape)
         self.ffn.build(shape)
@@ -471,6 +530,8 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
         mask = as_mask(where, "mask", mask)
         if cache is not None and mask is not None:
             raise ValueError(f"{where}: `mask` cannot be combined with `cache`.")
+        if cache is not None and not self.causal:
+            raise ValueError(f"{where}: a bidirectional block (causal=False) has no `cache`.")
         for name, value in (("cache_index", cache_index), ("key_mask", key_mask)):
             if cache is None and value is not None:
                 raise ValueError(f"{where}: `{name}` is only meaningful with `cache`.")
@@ -479,7 +540,7 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
         def attend(h):
             nonlocal new_cache
             if cache is None:
-                return self.self_attention(h, h, mask=mask, causal=True, training=training)
+                return self.self_attention(h, h, mask=mask, causal=self.causal, training=training)
             out, new_cache = call_sublayer(
                 self.self_attention,
                 h,
@@ -505,7 +566,7 @@ class TransformerDecoderOnlyLayer(keras.layers.Layer):
             f = run(self.ffn, h if self.norm_2 is None else run(self.norm_2, x))
             y = x + (a + drop(self.dropout_2, f))
         elif self.norm_first:
-            h = x + drop(self.dropout_1, post(self.post_norm_1, attend(run(self.norm_1, x))))
+            h = x + drop(self.dropout_1, post(self.post_norm_1, attend(post(self.norm_1, x))))
             f = post(self.post_norm_2, run(self.ffn, run(self.norm_2, h)))
             y = h + drop(self.dropout_2, f)
         else:

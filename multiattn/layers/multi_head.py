@@ -22,10 +22,12 @@ from .._checks import check_flag, check_rate, fmt_shape, shape_of
 from ..namespaces.keras import get_ops
 from ..ops.attention import attend
 from ..ops.normalization import check_epsilon
+from ..ops.plan import joins_projections
 from ._base import (
     call_sublayer,
     check_layer_seed,
     get_initializer,
+    joined_linear,
     keras_mask_of,
     plain_dense,
     project,
@@ -403,8 +405,22 @@ class MultiHeadAttention(keras.layers.Layer):
         return project(ops, x, dense, self.compute_dtype, contract)
 
     def _project_self(self, ops: Any, x: Any) -> tuple[Any, Any, Any]:
-        """Self-attention: the query, key and value projections of one input."""
+        """Self-attention: the query, key and value projections of one input, as one
+        product over the joined kernels where `multiattn.ops.plan.joins_projections`
+        says (plain float sublayers without activations, biases on all or none)."""
         dense = (self._query_dense, self._key_dense, self._value_dense)
+        sizes = shape_of(x)[:-1]
+        rows = None if None in sizes else math.prod(sizes)
+        if (
+            joins_projections(ops.backend, ops.xla_device(x), rows)
+            and ops.dtype_name(x) == self.compute_dtype
+            and all(self._plain(d) and d.activation is keras.activations.linear for d in dense)
+            and len({d.bias is None for d in dense}) == 1
+        ):
+            dtype = self.compute_dtype
+            kernels = [ops.cast(d.kernel, dtype) for d in dense]
+            biases = [None if d.bias is None else ops.cast(d.bias, dtype) for d in dense]
+            return tuple(joined_linear(ops, x, kernels, biases))
         return tuple(self._project(ops, x, d) for d in dense)
 
     def _gate(self, ops: Any, query: Any) -> Any:

@@ -7,6 +7,9 @@ Hugging Face files are `multiattn.hf`'s, decoding is `multiattn.decoding`'s).
 * `multiattn.models.causal_lm`: `CausalLM`, the decoder-only language model that
   ``from_pretrained`` builds for GPT-2, Llama, Qwen2 and Mistral checkpoints, with
   ``generate`` through the KV cache (`multiattn.decoding`).
+* `multiattn.models.modernbert`: `ModernBertModel`, the bidirectional encoder of rotary
+  blocks (local and global attention) built for ModernBERT checkpoints, with its
+  masked-LM head.
 * `multiattn.models.t5`: `T5ForConditionalGeneration`, the encoder-decoder built for T5
   checkpoints, with ``generate`` through the same seam.
 * ``multiattn.models.from_pretrained`` (and `PretrainedModel`, `PretrainedCausalLM`):
@@ -22,10 +25,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = ("bert", "causal_lm", "t5", "vit")
+_SUBMODULES = ("bart", "bert", "causal_lm", "modernbert", "t5", "vit")
 _NAMES = {"from_pretrained": "pretrained", "PretrainedModel": "pretrained",
           "PretrainedCausalLM": "pretrained", "CausalLM": "causal_lm",
-          "CausalLMConfig": "causal_lm", "T5Config": "t5",
+          "CausalLMConfig": "causal_lm", "ModernBertConfig": "modernbert",
+          "ModernBertModel": "modernbert", "T5Config": "t5",
           "T5ForConditionalGeneration": "t5"}  # fmt: skip
 
 __all__ = [*_SUBMODULES, *_NAMES]

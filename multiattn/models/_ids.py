@@ -18,7 +18,7 @@ import numpy as np
 from .._checks import check_mask_dtype, concrete
 from ..namespaces.keras import get_ops
 
-__all__ = ["padding_mask", "poison", "token_ids"]
+__all__ = ["ids_and_mask", "padding_mask", "poison", "token_ids"]
 
 
 def token_ids(where: str, name: str, ids: Any, vocab: int) -> tuple[Any, Any]:
@@ -84,6 +84,17 @@ def padding_mask(where: str, name: str, mask: Any, ids: Any) -> Any:
             f"{tuple(raw.shape)}."
         )
     return keras.ops.convert_to_tensor(raw)
+
+
+def ids_and_mask(where: str, input_ids: Any, attention_mask: Any, vocab: int) -> tuple:
+    """``(int32 ids, valid or None, int32 0/1 mask)`` of a model's ``input_ids`` and
+    ``attention_mask`` (`token_ids`, `padding_mask`; no mask: all ones)."""
+    ops = keras.ops
+    ids, valid = token_ids(where, "input_ids", input_ids, vocab)
+    if attention_mask is None:
+        return ids, valid, ops.ones_like(ids)
+    mask = padding_mask(where, "attention_mask", attention_mask, ids)
+    return ids, valid, ops.cast(ops.not_equal(mask, 0), "int32")
 
 
 def poison(x: Any, valid: Any) -> Any:

@@ -37,10 +37,12 @@ from ..layers.decoder_only import (
     DecoderBlockConfig,
     block_config,
     check_float_option,
+    check_overrides,
     make_norm,
+    override_of,
 )
 from ..namespaces.keras import get_ops
-from ._ids import padding_mask, poison, token_ids
+from ._ids import ids_and_mask, poison
 from ._moe_weights import stack_experts, unstack_experts
 from .bert import assign_weight
 
@@ -141,28 +143,12 @@ class CausalLMConfig:
         self._check_overrides(where)
 
     def _check_overrides(self, where: str) -> None:
-        overrides = self.layer_overrides
-        if overrides is None:
-            return
-        if not isinstance(overrides, (tuple, list)) or len(overrides) != self.num_layers:
-            raise ValueError(
-                f"{where}: `layer_overrides` must be a tuple of num_layers={self.num_layers} "
-                f"dicts; received {overrides!r}."
-            )
-        for i, override in enumerate(overrides):
-            if not isinstance(override, dict):
-                raise ValueError(
-                    f"{where}: `layer_overrides[{i}]` must be a dict of DecoderBlockConfig "
-                    f"fields; received {override!r}."
-                )
-            block_config(f"{where}: `layer_overrides[{i}]`", self.block, dict(override))
-        object.__setattr__(self, "layer_overrides", tuple(dict(o) for o in overrides))
+        overrides = check_overrides(where, self.block, self.layer_overrides, self.num_layers)
+        object.__setattr__(self, "layer_overrides", overrides)
 
     def block_of(self, index: int) -> DecoderBlockConfig:
         """The options of block ``index``: ``block`` with ``layer_overrides[index]``."""
-        if self.layer_overrides is None or not self.layer_overrides[index]:
-            return self.block
-        return block_config("CausalLMConfig", self.block, self.layer_overrides[index])
+        return override_of(self.block, self.layer_overrides, index)
 
     @classmethod
     def from_sizes(cls, sizes: dict[str, Any]) -> CausalLMConfig:
@@ -293,18 +279,9 @@ class CausalLM(GenerationMixin, keras.layers.Layer):
             logits = ops.tanh(logits / cap) * cap
         return {"logits": logits, "last_hidden_state": x}
 
-    def _ids_and_mask(self, input_ids, attention_mask):
-        """``(int32 ids, valid or None, int32 0/1 mask)`` (`multiattn.models._ids`)."""
-        ops = keras.ops
-        ids, valid = token_ids("CausalLM", "input_ids", input_ids, self.vocab_size)
-        if attention_mask is None:
-            return ids, valid, ops.ones_like(ids)
-        mask = padding_mask("CausalLM", "attention_mask", attention_mask, ids)
-        return ids, valid, ops.cast(ops.not_equal(mask, 0), "int32")
-
     def call(self, input_ids, attention_mask=None):
         ops = keras.ops
-        ids, valid, mask = self._ids_and_mask(input_ids, attention_mask)
+        ids, valid, mask = ids_and_mask("CausalLM", input_ids, attention_mask, self.vocab_size)
         seq = ids.shape[1]
         if seq is not None and seq > self.max_positions:
             raise ValueError(

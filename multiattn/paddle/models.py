@@ -2,7 +2,8 @@
 
 * `BertModel` and `BertSentenceEncoder` (`multiattn.models.bert`), `ViTModel`
   (`multiattn.models.vit`), `CausalLM` (`multiattn.models.causal_lm`: GPT-2, Llama,
-  Qwen2, Mistral and the other decoder families, with ``generate``),
+  Qwen2, Mistral and the other decoder families, with ``generate``), `ModernBertModel`
+  (`multiattn.models.modernbert`),
   `T5ForConditionalGeneration` (`multiattn.models.t5`), `BartForConditionalGeneration`
   (`multiattn.models.bart`);
   their ``generate`` is `multiattn.decoding`'s, through its eager strategy
@@ -20,6 +21,7 @@ from __future__ import annotations
 from ..models import bart as _bart
 from ..models import bert as _bert
 from ..models import causal_lm as _causal_lm
+from ..models import modernbert as _modernbert
 from ..models import t5 as _t5
 from ..models import vit as _vit
 from . import layers as _layers  # noqa: F401  (the layer twins first: the models build them)
@@ -32,6 +34,8 @@ __all__ = [
     "BertSentenceEncoder",
     "CausalLM",
     "CausalLMConfig",
+    "ModernBertConfig",
+    "ModernBertModel",
     "T5Config",
     "T5ForConditionalGeneration",
     "ViTModel",
@@ -44,6 +48,8 @@ BertSentenceEncoder = twin(_bert.BertSentenceEncoder)
 ViTModel = twin(_vit.ViTModel)
 CausalLM = twin(_causal_lm.CausalLM)
 CausalLMConfig = _causal_lm.CausalLMConfig  # a plain dataclass: the same on Keras
+ModernBertModel = twin(_modernbert.ModernBertModel)
+ModernBertConfig = _modernbert.ModernBertConfig  # a plain dataclass: the same on Keras
 T5Attention = twin(_t5.T5Attention)
 T5Block = twin(_t5.T5Block)
 T5ForConditionalGeneration = twin(_t5.T5ForConditionalGeneration)

@@ -209,3 +209,33 @@ def test_without_a_tuner_compiled_calls_take_the_default_slices(slices):
     want = ref.scaled_dot_product_attention(*(to_np(t) for t in large))[0]
     assert_close(got, want, "float32", TOL)
     assert tuning.decisions() == []
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="XLA compiles TensorFlow only where asked")
+def test_one_row_under_xla_projects_through_the_joined_kernels():
+    """A batch-1 decoding step compiled by XLA for a CPU takes the joined query, key and
+    value product (`plan.joins_projections`), and gives the separate products' output."""
+    import tensorflow as tf
+
+    from multiattn.layers import MultiHeadAttention, _base
+
+    layer = MultiHeadAttention(num_heads=4, key_dim=8, num_key_value_heads=2)
+    x = cast(RNG.standard_normal((1, 1, 32)), "float32")
+    want = to_np(layer(x, x))  # eager: separate products
+    joined = []
+    real = _base.joined_linear
+
+    def spy(*args):
+        joined.append(True)
+        return real(*args)
+
+    import multiattn.layers.multi_head as mha
+
+    original, mha.joined_linear = mha.joined_linear, spy
+    try:
+        got = tf.function(lambda t: layer(t, t), jit_compile=True)(x)
+    finally:
+        mha.joined_linear = original
+    on_cpu = not tf.config.list_logical_devices("GPU")
+    assert joined == ([True] if on_cpu else [])
+    assert_close(got, want, "float32", TOL)

@@ -1,4 +1,4 @@
-"""BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT and ELECTRA through `from_pretrained`,
+"""BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, ELECTRA and ModernBERT through `from_pretrained`,
 against transformers run in float64: the masked-LM checkpoint (``*ForMaskedLM``: logits and
 last hidden state) and the base model (``*Model``: last hidden state, pooler) of each family
 (and ELECTRA's discriminator, ``ElectraForPreTraining``: a logit per token),
@@ -93,6 +93,17 @@ def test_albert_blocks_are_shared_not_copied(tmp_path):
         ("electra", {"architectures": ["ElectraForMaskedLM", "ElectraForPreTraining"]},
          "one head"),
         ("electra", {"position_embedding_type": "relative_key"}, "`position_embedding_type`"),
+        ("modernbert", {"hidden_activation": "quick_gelu"}, "`hidden_activation`"),
+        ("modernbert", {"classifier_activation": "tanh"}, "`classifier_activation`"),
+        ("modernbert", {"layer_types": ["full_attention"]}, "`layer_types`"),
+        ("modernbert", {"tie_word_embeddings": False}, "`tie_word_embeddings`"),
+        ("modernbert", {"rope_parameters": {"global": {"rope_theta": 10.0}}},
+         "`rope_parameters`"),
+        ("modernbert", {"rope_parameters": {"full_attention": {"rope_type": "dynamic",
+                                                               "factor": 2.0}}},
+         "`rope_scaling`/`rope_parameters`"),
+        ("modernbert", {"local_attention": 0}, "`local_attention`"),
+        ("modernbert", {"hidden_size": 30}, "divisible"),
     ],
 )  # fmt: skip
 def test_unsupported_options_are_refused_by_name(family, change, match):

@@ -1,7 +1,8 @@
 """The encoder families on Paddle (``from_pretrained(path, framework="paddle")``, the
-twin of `multiattn.models.bert.BertModel`): BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT
-and ELECTRA, masked-LM and base checkpoints (ELECTRA's discriminator too), against transformers run in float64, written back
-bit for bit (the cases of tests/_encoder_families.py)."""
+twins of `multiattn.models.bert.BertModel` and `multiattn.models.modernbert.
+ModernBertModel`): BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, ELECTRA and ModernBERT,
+masked-LM and base checkpoints (ELECTRA's discriminator too), against transformers run in
+float64, written back bit for bit (the cases of tests/_encoder_families.py)."""
 
 from __future__ import annotations
 
