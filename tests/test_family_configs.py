@@ -239,6 +239,7 @@ def test_modernbert_base_alternates_one_global_layer_in_three_with_local_windows
         (FALCON_7B, {"apply_residual_connection_post_layernorm": True},
          "apply_residual_connection_post_layernorm"),
         (FALCON_7B, {"alibi": True}, "alibi"),
+        (FALCON_7B, {"num_key_value_heads": 71}, "num_key_value_heads"),
         (OPT_350M, {"activation_function": "gelu"}, "activation_function"),
         (MODERNBERT_BASE, {"hidden_activation": "gelu_fast"}, "hidden_activation"),
         (MODERNBERT_BASE, {"global_attn_every_n_layers": 0}, "global_attn_every_n_layers"),

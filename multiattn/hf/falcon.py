@@ -30,11 +30,25 @@ _KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"
          "num_kv_heads", "num_ln_in_parallel_attn", "layer_norm_epsilon",
          "new_decoder_architecture", "multi_query", "parallel_attn", "bias",
          "max_position_embeddings", "ffn_hidden_size", "tie_word_embeddings", "rope_theta",
-         "rope_scaling", "rope_parameters")  # fmt: skip
+         "rope_scaling", "rope_parameters", "num_key_value_heads")  # fmt: skip
 
 
 def _kv_heads(raw: dict, where: str, h: int, new: bool, mqa: bool) -> int:
-    """The key/value heads: the fused projection's groups (`falcon_entries`)."""
+    """The key/value heads: the fused projection's groups (`falcon_entries`). The
+    ``num_key_value_heads`` that transformers 5.25 and later derive and write (from
+    ``num_kv_heads``, ``new_decoder_architecture`` and ``multi_query``; a stored value is
+    recomputed on loading) must agree with that derivation."""
+    kv = _derived_kv(raw, where, h, new, mqa)
+    stored = raw.get("num_key_value_heads")
+    if stored is not None and stored != kv:
+        raise ValueError(
+            f"{where}: `num_key_value_heads` ({stored!r}) disagrees with the {kv} key/value "
+            f"heads that `num_kv_heads`, `new_decoder_architecture` and `multi_query` give."
+        )
+    return kv
+
+
+def _derived_kv(raw: dict, where: str, h: int, new: bool, mqa: bool) -> int:
     kv = _int(raw, "num_kv_heads", where, h)
     if new:
         if h % kv:

@@ -99,6 +99,7 @@ def test_family_logits_tokens_and_saving_match_transformers(tmp_path, case):
         ("falcon", {"alibi": True}, "alibi"),
         ("falcon", {"num_ln_in_parallel_attn": 3}, "num_ln_in_parallel_attn"),
         ("falcon-sequential", {"num_kv_heads": 2}, "num_kv_heads"),
+        ("falcon", {"num_key_value_heads": 3}, "`num_key_value_heads`"),
     ],
 )
 def test_unsupported_options_are_refused_by_name(case, changes, match):
