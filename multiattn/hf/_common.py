@@ -130,6 +130,16 @@ def _int(raw: dict, key: str, where: str, default: Any = None) -> int:
     return value
 
 
+def _width_and_heads(raw: dict, where: str) -> tuple[int, int]:
+    """``(hidden_size, num_attention_heads)``, the width a multiple of the heads."""
+    e, h = _int(raw, "hidden_size", where), _int(raw, "num_attention_heads", where)
+    if e % h:
+        raise ValueError(
+            f"{where}: `hidden_size` ({e}) must be divisible by `num_attention_heads` ({h})."
+        )
+    return e, h
+
+
 def _positive(raw: dict, key: str, where: str, default: Any = None) -> float:
     """A positive, finite number (JSON's ``Infinity`` or ``1e999`` as a norm epsilon or a
     rotary base leaves the model without meaning)."""

@@ -21,7 +21,7 @@ head.
 
 from __future__ import annotations
 
-from ._common import Entry, Family, _int, _positive
+from ._common import Entry, Family, _int, _positive, _width_and_heads
 from .causal_lm import _INPUTS, _LAYER, _base, _bool, _lm_head, _rope, _tied_buffer
 
 __all__ = ["FALCON"]
@@ -68,11 +68,7 @@ def _derived_kv(raw: dict, where: str, h: int, new: bool, mqa: bool) -> int:
 
 
 def _sizes(raw: dict, where: str) -> dict:
-    e, h = _int(raw, "hidden_size", where), _int(raw, "num_attention_heads", where)
-    if e % h:
-        raise ValueError(
-            f"{where}: `hidden_size` ({e}) must be divisible by `num_attention_heads` ({h})."
-        )
+    e, h = _width_and_heads(raw, where)
     new = _bool(raw, "new_decoder_architecture", where, False)
     parallel = new or _bool(raw, "parallel_attn", where, True)
     kv = _kv_heads(raw, where, h, new, _bool(raw, "multi_query", where, True))

@@ -14,7 +14,7 @@ head (``embed_out``).
 
 from __future__ import annotations
 
-from ._common import Entry, Family, _int, _positive
+from ._common import Entry, Family, _int, _positive, _width_and_heads
 from .causal_lm import _INPUTS, _LAYER, _base, _bool, _lm_head, partial_rope
 
 __all__ = ["GPT_NEOX"]
@@ -26,11 +26,7 @@ _KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"
 
 
 def _sizes(raw: dict, where: str) -> dict:
-    e, h = _int(raw, "hidden_size", where), _int(raw, "num_attention_heads", where)
-    if e % h:
-        raise ValueError(
-            f"{where}: `hidden_size` ({e}) must be divisible by `num_attention_heads` ({h})."
-        )
+    e, h = _width_and_heads(raw, where)
     if "rotary_emb_base" in raw and "rope_theta" not in raw:  # the name before 5.0
         raw = {**raw, "rope_theta": _positive(raw, "rotary_emb_base", where)}
     bias = _bool(raw, "attention_bias", where, True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ._common import Entry, Family, _int, _positive
+from ._common import Entry, Family, _int, _positive, _width_and_heads
 from .causal_lm import _INPUTS, _bool, _rope
 from .encoders import masked_lm_of
 from .gemma import _KINDS, _layer_kinds
@@ -101,11 +101,7 @@ def _rope_of_kinds(raw: dict, where: str) -> dict[str, tuple]:
 
 
 def _sizes(raw: dict, where: str) -> dict:
-    e, h = _int(raw, "hidden_size", where), _int(raw, "num_attention_heads", where)
-    if e % h:
-        raise ValueError(
-            f"{where}: `hidden_size` ({e}) must be divisible by `num_attention_heads` ({h})."
-        )
+    e, h = _width_and_heads(raw, where)
     layers = _int(raw, "num_hidden_layers", where)
     kinds, rope = _kinds(raw, where, layers), _rope_of_kinds(raw, where)
     window = _int(raw, "local_attention", where, 128) // 2 + 1

@@ -11,7 +11,7 @@ head tied to the word embeddings by default.
 
 from __future__ import annotations
 
-from ._common import Entry, Family, _int
+from ._common import Entry, Family, _int, _width_and_heads
 from .causal_lm import _INPUTS, _LAYER, _base, _bool, _lm_head, qkv_entries
 
 __all__ = ["OPT"]
@@ -23,11 +23,7 @@ _KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "ffn_dim",
 
 
 def _sizes(raw: dict, where: str) -> dict:
-    e, h = _int(raw, "hidden_size", where), _int(raw, "num_attention_heads", where)
-    if e % h:
-        raise ValueError(
-            f"{where}: `hidden_size` ({e}) must be divisible by `num_attention_heads` ({h})."
-        )
+    e, h = _width_and_heads(raw, where)
     pre = _bool(raw, "do_layer_norm_before", where, True)
     width = _int(raw, "word_embed_proj_dim", where, e)
     bias = _bool(raw, "enable_bias", where, True)

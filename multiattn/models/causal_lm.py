@@ -57,6 +57,19 @@ _BLOCK_NAMES = {"hidden_size": "d_model", "intermediate_size": "dff",
                 "rope_theta": "rotary_base", "rope_scaling": "rotary_scaling"}  # fmt: skip
 
 
+def split_sizes(sizes: dict[str, Any], model_keys: tuple[str, ...]) -> tuple[dict, dict]:
+    """``(model fields, block fields)`` of a family's flat sizes dict: the ``model_keys``,
+    with the per-layer sizes ``layers`` (the same names) as ``layer_overrides``, and the
+    rest as `DecoderBlockConfig` fields (four of them renamed from Hugging Face's,
+    `_BLOCK_NAMES`)."""
+    rename = lambda d: {_BLOCK_NAMES.get(k, k): v for k, v in d.items()}  # noqa: E731
+    model = {k: sizes[k] for k in model_keys if k in sizes}
+    block = rename({k: v for k, v in sizes.items() if k not in model_keys and k != "layers"})
+    if sizes.get("layers") is not None:
+        model["layer_overrides"] = tuple(rename(layer) for layer in sizes["layers"])
+    return model, block
+
+
 @dataclasses.dataclass(frozen=True)
 class CausalLMConfig:
     """The options of a `CausalLM`, checked when made (errors name the field and quote
@@ -155,15 +168,9 @@ class CausalLMConfig:
         """The config of the flat sizes dict of `multiattn.hf.causal_lm` (Hugging Face
         names): pre-norm blocks without dropout, rotary over ``max_positions`` unless
         the positions are learned."""
-        model = {k: sizes[k] for k in _MODEL_KEYS if k in sizes}
-        block = {_BLOCK_NAMES.get(k, k): v for k, v in sizes.items()
-                 if k not in _MODEL_KEYS and k != "layers"}  # fmt: skip
+        model, block = split_sizes(sizes, _MODEL_KEYS)
         rotary = None if model.get("learned_positions") else sizes.get("max_positions")
         block.update(rate=0.0, norm_first=block.get("norm_first", True), rotary_max_length=rotary)
-        if sizes.get("layers") is not None:  # per-layer sizes, the same names
-            model["layer_overrides"] = tuple(
-                {_BLOCK_NAMES.get(k, k): v for k, v in layer.items()} for layer in sizes["layers"]
-            )
         return cls(**model, block=block)
 
     def to_dict(self) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from ..ops.activations import activation as apply_activation
 from ..ops.activations import check_activation
 from ._ids import ids_and_mask, poison
 from .bert import assign_weight
-from .causal_lm import _BLOCK_NAMES, _fuse, _split_fused
+from .causal_lm import _fuse, _split_fused, split_sizes
 
 __all__ = ["ModernBertConfig", "ModernBertModel"]
 
@@ -114,15 +114,9 @@ class ModernBertConfig:
         """The config of the flat sizes dict of `multiattn.hf.modernbert` (Hugging Face
         names, as `multiattn.models.CausalLMConfig.from_sizes` reads them): bidirectional
         pre-norm blocks without dropout, rotary over ``max_positions``."""
-        model = {k: sizes[k] for k in _MODEL_KEYS if k in sizes}
-        block = {_BLOCK_NAMES.get(k, k): v for k, v in sizes.items()
-                 if k not in _MODEL_KEYS and k != "layers"}  # fmt: skip
+        model, block = split_sizes(sizes, _MODEL_KEYS)
         block.update(rate=0.0, norm_first=True, causal=False,
                      rotary_max_length=sizes["max_positions"])  # fmt: skip
-        if sizes.get("layers") is not None:
-            model["layer_overrides"] = tuple(
-                {_BLOCK_NAMES.get(k, k): v for k, v in layer.items()} for layer in sizes["layers"]
-            )
         return cls(**model, block=block)
 
     def to_dict(self) -> dict[str, Any]:

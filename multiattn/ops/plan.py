@@ -425,11 +425,11 @@ def joins_projections(backend: str, xla_device: str | None, rows: int | None) ->
     """Whether self-attention's query, key and value projections run as one product over
     their joined kernels (`multiattn.layers._base.joined_linear`), from static facts:
     only where TensorFlow's XLA compiles the call for a CPU and it projects a single row
-    (``rows``: the input's leading sizes multiplied; a batch-1 decoding step). There,
-    paired at GPT-2 small's size (batch 1, prompt 128, 32 new tokens, the compiled loop),
-    the joined product took a step 24.8 ms against 34.9 separate; at batch 8 it lost (271
-    against 301 tokens/s) and on jax it tied, so everywhere else each projection is its
-    own product."""
+    (``rows``: the input's leading sizes multiplied; a batch-1 decoding step). There, at
+    GPT-2 small's size in the compiled decoding loop, the joined product made a step
+    about a third faster; at batch 8 it was slower, and on jax no faster, so everywhere
+    else each projection is its own product (the paired runs: ``docs/benchmarks.md``,
+    "Issue 46's paired runs")."""
     return backend == "tensorflow" and xla_device == "cpu" and rows == 1
 
 

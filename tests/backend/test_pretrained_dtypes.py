@@ -76,13 +76,40 @@ def test_a_half_precision_checkpoint_loads_in_its_dtype_and_computes_as_transfor
             tmp_path, dtype=getattr(torch, dtype)
         )
         theirs = low(torch.tensor(ids)).logits.double().numpy()
-    model = from_pretrained(tmp_path)
+    _assert_as_accurate_as_transformers(from_pretrained(tmp_path), dtype, ids, want, theirs)
+
+
+def _assert_as_accurate_as_transformers(model, dtype, ids, want, theirs) -> None:
+    """``model``'s logits on ``ids`` are at most twice as far from the float64 ``want`` as
+    transformers' logits in ``dtype`` (``theirs``) are (plus float32 rounding)."""
     assert model.dtype == ("float32" if UPCAST else dtype)
     got = to_np(keras.ops.cast(model(input_ids=ids)["logits"], "float32")).astype(np.float64)
     scale = np.abs(want).max()
     their_error = np.abs(theirs - want).max()
     bound = 2 * their_error if not UPCAST else 1e-5 * scale
     assert np.abs(got - want).max() <= bound + 1e-6 * scale
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_modernbert_computes_as_transformers_does(tmp_path, dtype):
+    """ModernBERT's masked-LM logits in the checkpoint's dtype, local and global layers
+    (windows of 2 tokens on either side), as accurate as transformers' in that dtype."""
+    config = transformers.ModernBertConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+        num_attention_heads=4, max_position_embeddings=32, local_attention=4,
+        global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        cls_token_id=1, sep_token_id=2)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.ModernBertForMaskedLM(config).to(getattr(torch, dtype)).eval()
+    model.save_pretrained(tmp_path)
+    ids = _ids()
+    with torch.no_grad():
+        want = model.double()(torch.tensor(ids)).logits.numpy()
+        low = transformers.ModernBertForMaskedLM.from_pretrained(
+            tmp_path, dtype=getattr(torch, dtype)
+        )
+        theirs = low(torch.tensor(ids)).logits.double().numpy()
+    _assert_as_accurate_as_transformers(from_pretrained(tmp_path), dtype, ids, want, theirs)
 
 
 @pytest.mark.parametrize("family", sorted(MODELS))
