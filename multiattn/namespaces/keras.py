@@ -559,15 +559,17 @@ class _TorchNamespace(KerasNamespace):
 
     def linear(self, x: Any, kernel: Any, bias: Any = None, contract: int = 1) -> Any:
         """`KerasNamespace.linear` as one ``(N, K) @ (K, M)`` matrix product with the bias
-        added inside it (``torch.addmm``) for float32 CPU tensors; there a tuner in force
-        (`multiattn.config.tuner`) may run it on oneDNN instead
+        added inside it (``torch.addmm``) for float32, bfloat16 and float16 CPU tensors of
+        one dtype (the einsum would copy a half-precision kernel on every call); for
+        float32 a tuner in force (`multiattn.config.tuner`) may run it on oneDNN instead
         (`multiattn.tuning.torch_linear`)."""
         import torch
 
         tensors = [t for t in (x, kernel, bias) if t is not None]
         if not (
             all(isinstance(t, torch.Tensor) for t in tensors)
-            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and all(t.device.type == "cpu" and t.dtype == x.dtype for t in tensors)
+            and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and x.numel() > 0
         ):
             return super().linear(x, kernel, bias, contract)
@@ -577,7 +579,7 @@ class _TorchNamespace(KerasNamespace):
         k, n = math.prod(shape[:contract]), math.prod(shape[contract:])
         a, b = x.reshape(-1, k), kernel.reshape(k, n)
         c = None if bias is None else bias.reshape(n)
-        tuner = config.tuner()
+        tuner = config.tuner() if x.dtype == torch.float32 else None
         y = tuner.linear(a, b, c) if tuner is not None else None
         if y is None:
             y = torch.mm(a, b) if c is None else torch.addmm(c, a, b)
