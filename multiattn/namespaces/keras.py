@@ -662,6 +662,34 @@ class _JaxNamespace(KerasNamespace):
 
         return jax.default_backend()
 
+    def linear(self, x: Any, kernel: Any, bias: Any = None, contract: int = 1) -> Any:
+        """`KerasNamespace.linear`, except for float16/bfloat16 on a CPU: one
+        ``jnp.einsum`` that accumulates in float32 (``preferred_element_type``) and rounds
+        once to the operands' dtype, as torch's half-precision products do; a single row
+        is padded with a zero row and sliced back. XLA's CPU half-precision dot without
+        these took 169-209 ms for a (1, 896) @ (896, 151936) bfloat16 product against
+        16-20 ms with them (float32: 17 ms) on an AVX-512 EPYC (measured with jax.jit, median of 7).
+        Never taken on an accelerator."""
+        import jax
+
+        dtype = self.dtype_name(x)
+        half = dtype in ("float16", "bfloat16") and self.dtype_name(kernel) == dtype
+        if not half or jax.default_backend() != "cpu":
+            return super().linear(x, kernel, bias, contract)
+        import jax.numpy as jnp
+
+        lead_shape = tuple(x.shape[: len(x.shape) - contract])
+        flat = x.reshape((-1, *x.shape[len(lead_shape) :]))
+        one_row = flat.shape[0] == 1
+        if one_row:
+            flat = jnp.concatenate([flat, jnp.zeros_like(flat)], axis=0)
+        k, n = "abcdefgh"[:contract], "abcdefgh"[contract : len(kernel.shape)]
+        kernel = self._ops.convert_to_tensor(kernel)
+        y = jnp.einsum(f"A{k},{k}{n}->A{n}", flat, kernel, preferred_element_type=jnp.float32)
+        y = (y[:1] if one_row else y).astype(x.dtype)
+        y = y.reshape((*lead_shape, *y.shape[1:]))
+        return y if bias is None else y + bias
+
     def tanh(self, x: Any) -> Any:
         """``keras.ops.tanh`` that keeps float64 (Keras' jax backend returns float32)."""
         if self.dtype_name(x) == "float64":
